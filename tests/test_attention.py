@@ -1,0 +1,239 @@
+"""Tests for tfjax.attention against references written out here, jax.nn and Flax attention."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tfjax import attention, masking
+
+B, L, S, N, H = 2, 5, 6, 4, 4
+
+
+def _qkv(seed=0, num_kv=N, length=L, kv_length=S, dtype=jnp.float32):
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(k1, (B, length, N, H), dtype)
+    k = jax.random.normal(k2, (B, kv_length, num_kv, H), dtype)
+    v = jax.random.normal(k3, (B, kv_length, num_kv, H), dtype)
+    return q, k, v
+
+
+def _reference(q, k, v, mask=None, bias=None, scale=True):
+    """Per-head loops in numpy: softmax(q k^T / sqrt(H) + bias) v over the allowed keys."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    b, length, n, h = q.shape
+    g = n // k.shape[2]
+    out = np.zeros((b, length, n, v.shape[-1]))
+    for bi in range(b):
+        for ni in range(n):
+            for li in range(length):
+                logits = k[bi, :, ni // g] @ q[bi, li, ni]
+                logits = logits / np.sqrt(h) if scale else logits
+                if bias is not None:
+                    logits = logits + np.broadcast_to(bias, (b, n, length, k.shape[1]))[bi, ni, li]
+                allowed = np.ones(k.shape[1], bool)
+                if mask is not None:
+                    allowed = np.broadcast_to(mask, (b, n, length, k.shape[1]))[bi, ni, li]
+                if not allowed.any():
+                    continue
+                weights = np.exp(logits[allowed] - logits[allowed].max())
+                weights /= weights.sum()
+                out[bi, li, ni] = weights @ v[bi, allowed, ni // g]
+    return out
+
+
+def _random_mask(seed=1):
+    return jax.random.bernoulli(jax.random.key(seed), 0.7, (B, 1, L, S))
+
+
+@pytest.mark.parametrize("implementation", ["reference", "auto"])
+@pytest.mark.parametrize("num_kv", [N, 2, 1])
+def test_matches_reference_with_mask_and_bias(implementation, num_kv):
+    q, k, v = _qkv(num_kv=num_kv)
+    mask = _random_mask()
+    bias = jax.random.normal(jax.random.key(7), (1, N, L, S))
+    out = attention.dot_product_attention(
+        q, k, v, mask=mask, bias=bias, implementation=implementation
+    )
+    np.testing.assert_allclose(out, _reference(q, k, v, mask, bias), atol=1e-5)
+
+
+def test_matches_jax_nn_dot_product_attention():
+    q, k, v = _qkv(num_kv=2)
+    mask = masking.causal_mask(L, S)
+    expected = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+    out = attention.dot_product_attention(q, k, v, mask=mask, implementation="reference")
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["reference", "auto"])
+def test_fully_masked_rows_are_zero_and_finite(implementation):
+    q, k, v = _qkv()
+    mask = np.ones((B, 1, L, S), bool)
+    mask[0, 0, 2] = False  # query 2 of batch 0 sees nothing
+    mask = jnp.asarray(mask)
+
+    def f(q):
+        return attention.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
+
+    out = f(q)
+    np.testing.assert_array_equal(out[0, 2], 0.0)
+    assert np.abs(np.asarray(out[1, 2])).sum() > 0
+    grad = jax.grad(lambda q: f(q).sum())(q)
+    assert np.isfinite(np.asarray(grad)).all()
+
+
+def test_gqa_equals_mha_with_repeated_kv_heads():
+    q, k, v = _qkv(num_kv=2)
+    g = N // 2
+    grouped = attention.dot_product_attention(q, k, v, implementation="reference")
+    repeated = attention.dot_product_attention(
+        q, jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2), implementation="reference"
+    )
+    np.testing.assert_allclose(grouped, repeated, atol=1e-6)
+
+
+def test_score_functions_against_formulas():
+    q, k, _ = _qkv()
+    scaled = attention.attention_logits(q, k, score="scaled_dot")
+    dot = attention.attention_logits(q, k, score="dot")
+    np.testing.assert_allclose(scaled * np.sqrt(H), dot, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dot[1, 3, 2, 4], np.dot(q[1, 2, 3], k[1, 4, 3]), rtol=1e-5)
+
+    w = jax.random.normal(jax.random.key(3), (N, H, H))
+    general = attention.attention_logits(q, k, score="general", score_params={"w": w})
+    np.testing.assert_allclose(general[0, 1, 2, 3], q[0, 2, 1] @ w[1] @ k[0, 3, 1], rtol=1e-5)
+
+    a = 3
+    params = {
+        "w_q": jax.random.normal(jax.random.key(4), (N, H, a)),
+        "w_k": jax.random.normal(jax.random.key(5), (N, H, a)),
+        "v": jax.random.normal(jax.random.key(6), (N, a)),
+    }
+    additive = attention.attention_logits(q, k, score="additive", score_params=params)
+    b, n, i, j = 1, 2, 3, 4
+    expected = params["v"][n] @ np.tanh(
+        q[b, i, n] @ params["w_q"][n] + k[b, j, n] @ params["w_k"][n]
+    )
+    np.testing.assert_allclose(additive[b, n, i, j], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_unknown_score_and_bad_shapes_raise():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="score"):
+        attention.dot_product_attention(q, k, v, score="cosine")
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        attention.dot_product_attention(q, k[:, :, :3], v[:, :, :3])
+
+
+def test_probability_dropout_is_seeded_and_off_when_deterministic():
+    q, k, v = _qkv()
+    kwargs = dict(dropout_rate=0.5, dropout_rng=jax.random.key(0))
+    det = attention.dot_product_attention(q, k, v, deterministic=True, **kwargs)
+    np.testing.assert_allclose(det, attention.dot_product_attention(q, k, v), atol=1e-6)
+    a = attention.dot_product_attention(q, k, v, deterministic=False, **kwargs)
+    b = attention.dot_product_attention(q, k, v, deterministic=False, **kwargs)
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, det)
+
+
+def _mha(**kwargs):
+    return attention.MultiHeadAttention(num_heads=N, **kwargs)
+
+
+def test_mha_matches_flax_multi_head_attention():
+    x = jax.random.normal(jax.random.key(0), (B, L, N * H))
+    mask = masking.padding_mask(jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))
+    ours = _mha(fused_qkv=False)
+    params = ours.init(jax.random.key(1), x)
+    flax_mha = nn.MultiHeadDotProductAttention(num_heads=N, qkv_features=N * H)
+    flax_params = flax_mha.init(jax.random.key(2), x, x)
+    # Same tree structure and shapes: query/key/value [D, N, H], out [N, H, D].
+    assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, flax_params)
+    expected = flax_mha.apply(params, x, x, mask=mask)
+    out = ours.apply(params, x, mask=mask)
+    valid = np.asarray(mask[:, 0].any(-1))  # flax averages fully masked rows; we return zeros
+    np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(expected)[valid], atol=1e-5)
+
+
+def test_mha_equals_jax_nn_with_same_projections():
+    x = jax.random.normal(jax.random.key(0), (B, L, N * H))
+    module = _mha(num_kv_heads=2)
+    params = module.init(jax.random.key(1), x)["params"]
+    qkv = jnp.einsum("BLD,DMH->BLMH", x, params["qkv"]["kernel"]) + params["qkv"]["bias"]
+    q, k, v = qkv[:, :, :N], qkv[:, :, N : N + 2], qkv[:, :, N + 2 :]
+    mask = masking.causal_mask(L)
+    heads = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+    expected = jnp.einsum("BLNH,NHD->BLD", heads, params["out"]["kernel"]) + params["out"]["bias"]
+    out = module.apply({"params": params}, x, mask=mask)
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+def test_mha_fused_equals_unfused_and_cross_attention_shapes():
+    x = jax.random.normal(jax.random.key(0), (B, L, N * H))
+    fused = _mha(num_kv_heads=2).init(jax.random.key(1), x)["params"]
+    kernel, bias = fused["qkv"]["kernel"], fused["qkv"]["bias"]
+    split = {
+        "query": {"kernel": kernel[:, :N], "bias": bias[:N]},
+        "key": {"kernel": kernel[:, N : N + 2], "bias": bias[N : N + 2]},
+        "value": {"kernel": kernel[:, N + 2 :], "bias": bias[N + 2 :]},
+        "out": fused["out"],
+    }
+    a = _mha(num_kv_heads=2).apply({"params": fused}, x)
+    b = _mha(num_kv_heads=2, fused_qkv=False).apply({"params": split}, x)
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+    memory = jax.random.normal(jax.random.key(2), (B, S, 12))
+    cross = _mha(num_kv_heads=2)
+    variables = cross.init(jax.random.key(3), x, memory)
+    assert variables["params"]["kv"]["kernel"].shape == (12, 4, H)
+    assert cross.apply(variables, x, memory).shape == (B, L, N * H)
+
+
+def test_mha_low_rank_values_and_scores_have_parameters():
+    x = jax.random.normal(jax.random.key(0), (B, L, N * H))
+    params = _mha(value_rank=3).init(jax.random.key(1), x)["params"]
+    assert params["value_down"]["kernel"].shape == (N * H, 3)
+    assert params["value_up"]["kernel"].shape == (3, N, H)
+    assert params["qkv"]["kernel"].shape == (N * H, 2 * N, H)
+    for score, name in [("general", "score_w"), ("additive", "score_v")]:
+        module = _mha(score=score)
+        variables = module.init(jax.random.key(1), x)
+        assert name in variables["params"]
+        assert np.isfinite(np.asarray(module.apply(variables, x))).all()
+
+
+def test_rotary_attention_is_invariant_to_a_global_position_shift():
+    x = jax.random.normal(jax.random.key(0), (B, L, N * H))
+    module = _mha(rotary=True)
+    variables = module.init(jax.random.key(1), x)
+    positions = jnp.broadcast_to(jnp.arange(L), (B, L))
+    a = module.apply(variables, x, q_positions=positions)
+    b = module.apply(variables, x, q_positions=positions + 11)
+    np.testing.assert_allclose(a, b, atol=1e-4)
+    c = module.apply(variables, x, q_positions=positions * 2)  # different offsets
+    assert not np.allclose(a, c, atol=1e-3)
+
+
+def test_mha_jit_equals_eager_and_bf16_keeps_float32_params():
+    x = jax.random.normal(jax.random.key(0), (B, L, N * H))
+    module = _mha(dtype=jnp.bfloat16)
+    variables = module.init(jax.random.key(1), x)
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(variables))
+    out = module.apply(variables, x)
+    assert out.dtype == jnp.bfloat16
+    jitted = jax.jit(module.apply)(variables, x)
+    np.testing.assert_allclose(
+        np.asarray(out, np.float32), np.asarray(jitted, np.float32), atol=2e-2
+    )
+    f32 = _mha().apply(variables, x)
+    np.testing.assert_allclose(np.asarray(out, np.float32), f32, atol=0.1)
+
+
+def test_mha_rejects_bad_head_counts():
+    x = jnp.zeros((B, L, 16))
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        attention.MultiHeadAttention(num_heads=4, num_kv_heads=3).init(jax.random.key(0), x)
+    with pytest.raises(ValueError, match="divisible by num_heads"):
+        attention.MultiHeadAttention(num_heads=5).init(jax.random.key(0), x)

@@ -1,0 +1,110 @@
+"""Tests for tfjax.layers: norms, feed-forward, embeddings and residual sub-layers vs formulas."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tfjax import layers
+
+X = jax.random.normal(jax.random.key(0), (2, 3, 8)) * 3.0 + 1.0
+
+
+def test_layer_norm_matches_formula():
+    scale = jnp.linspace(0.5, 2.0, 8)
+    bias = jnp.linspace(-1.0, 1.0, 8)
+    out = layers.layer_norm(X, scale, bias, eps=1e-6)
+    x = np.asarray(X, np.float64)[1, 2]
+    mean = sum(x) / 8
+    var = sum((xi - mean) ** 2 for xi in x) / 8
+    expected = [
+        float(scale[i]) * (x[i] - mean) / math.sqrt(var + 1e-6) + float(bias[i]) for i in range(8)
+    ]
+    np.testing.assert_allclose(out[1, 2], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_matches_formula_and_modules_own_params():
+    scale = jnp.linspace(0.5, 2.0, 8)
+    x = np.asarray(X, np.float64)[0, 1]
+    rms = math.sqrt(sum(xi * xi for xi in x) / 8 + 1e-6)
+    np.testing.assert_allclose(
+        layers.rms_norm(X, scale)[0, 1], x / rms * np.asarray(scale), rtol=1e-5
+    )
+    ln = layers.LayerNorm().init(jax.random.key(0), X)["params"]
+    assert set(ln) == {"scale", "bias"}
+    rms_params = layers.RMSNorm().init(jax.random.key(0), X)["params"]
+    assert set(rms_params) == {"scale"}
+    with pytest.raises(ValueError, match="norm"):
+        layers.make_norm("batchnorm", epsilon=1e-6, dtype=jnp.float32, param_dtype=jnp.float32)
+
+
+def test_norm_in_bfloat16_computes_statistics_in_float32():
+    big = (X + 1000.0).astype(jnp.bfloat16)
+    out = layers.LayerNorm(dtype=jnp.bfloat16).apply(
+        {"params": {"scale": jnp.ones(8), "bias": jnp.zeros(8)}}, big
+    )
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float32).mean(-1), 0.0, atol=0.05)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])
+def test_feed_forward_matches_formula(activation):
+    module = layers.FeedForward(mlp_dim=16, activation=activation)
+    params = module.init(jax.random.key(1), X)["params"]
+    out = module.apply({"params": params}, X)
+    x = np.asarray(X, np.float64)
+    hidden = x @ np.asarray(params["wi"]["kernel"]) + np.asarray(params["wi"]["bias"])
+    if activation == "relu":
+        hidden = np.maximum(hidden, 0.0)
+    elif activation == "gelu":
+        erf = np.vectorize(math.erf)
+        hidden = 0.5 * hidden * (1.0 + erf(hidden / math.sqrt(2.0)))
+    else:
+        gate = x @ np.asarray(params["wi_gate"]["kernel"]) + np.asarray(params["wi_gate"]["bias"])
+        hidden = gate / (1.0 + np.exp(-gate)) * hidden
+    expected = hidden @ np.asarray(params["wo"]["kernel"]) + np.asarray(params["wo"]["bias"])
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_feed_forward_rejects_unknown_activation():
+    with pytest.raises(ValueError, match="activation"):
+        layers.FeedForward(mlp_dim=4, activation="tanh").init(jax.random.key(0), X)
+
+
+def test_embed_scales_by_sqrt_dim_and_ties_logits():
+    module = layers.Embed(vocab_size=11, features=8)
+    tokens = jnp.array([[1, 5, 10]])
+    variables = module.init(jax.random.key(0), tokens)
+    table = np.asarray(variables["params"]["embedding"])
+    np.testing.assert_allclose(
+        module.apply(variables, tokens)[0, 1], table[5] * math.sqrt(8), rtol=1e-6
+    )
+    logits = module.apply(variables, X, method=module.attend)
+    np.testing.assert_allclose(logits, np.asarray(X) @ table.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["post", "pre"])
+def test_residual_post_and_pre_ln(position):
+    module = layers.Residual(norm_position=position, dropout_rate=0.0)
+    fn = lambda h: 2.0 * h + 1.0  # noqa: E731
+    variables = module.init(jax.random.key(0), X, fn)
+    out = module.apply(variables, X, fn)
+    ones, zeros = jnp.ones(8), jnp.zeros(8)
+    if position == "post":
+        expected = layers.layer_norm(X + fn(X), ones, zeros)
+    else:
+        expected = X + fn(layers.layer_norm(X, ones, zeros))
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_residual_dropout_only_when_not_deterministic():
+    module = layers.Residual(norm_position="pre", dropout_rate=0.5)
+    fn = lambda h: h  # noqa: E731
+    variables = module.init(jax.random.key(0), X, fn)
+    det = module.apply(variables, X, fn, deterministic=True)
+    noisy = module.apply(variables, X, fn, deterministic=False, rngs={"dropout": jax.random.key(1)})
+    assert not np.allclose(det, noisy)
+    with pytest.raises(ValueError, match="norm_position"):
+        layers.Residual(norm_position="middle").init(jax.random.key(0), X, fn)

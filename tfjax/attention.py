@@ -1,0 +1,338 @@
+"""Attention: score functions, the masked softmax and the multi-head attention module.
+
+Sources:
+- scaled dot-product and multi-head attention: Vaswani et al. 2017, "Attention Is All You Need",
+  §3.2.1 (Eq. 1) and §3.2.2; self- and cross-attention (encoder-decoder attention): §3.2.3;
+- plain dot and general (bilinear, q^T W k) scores: Luong et al. 2015, §3.1;
+- additive scores, v^T tanh(W_q q + W_k k): Bahdanau et al. 2015, Appendix A.1.2;
+- multi-query and grouped-query attention: Shazeer 2019; Ainslie et al. 2023 (GQA), §2;
+- low-rank value projection: the value matrix factorised as W_down [D, r] · W_up [r, K·H].
+
+Axis letters: B batch, L query length, S key length, D model width, N query heads, K key/value
+heads, G = N // K queries per kv head, H head width, A additive-score width.
+Masks are boolean (True = may attend) and broadcast to [B, N, L, S]; they are applied once, here,
+with float32 logits and a finite large negative; fully masked query rows return zeros.
+"""
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float
+
+from tfjax import positional
+
+SCORES = ("scaled_dot", "dot", "general", "additive")
+IMPLEMENTATIONS = ("auto", "reference", "xla")
+_FAST_SCORES = ("scaled_dot", "dot")
+
+
+def _check_score(score: str) -> None:
+    if score not in SCORES:
+        raise ValueError(f"score={score!r} is not one of {SCORES}")
+
+
+def _check_qkv(q: Array, k: Array, v: Array) -> None:
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(
+            f"q, k, v must be [B, L, N, H], [B, S, K, H], [B, S, K, H]; got shapes "
+            f"{q.shape}, {k.shape}, {v.shape}"
+        )
+    if k.shape != v.shape[:3] + k.shape[3:] or q.shape[0] != k.shape[0]:
+        raise ValueError(f"k {k.shape} and v {v.shape} must share [B, S, K]; q is {q.shape}")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(
+            f"query heads N={q.shape[2]} must be a multiple of kv heads K={k.shape[2]}"
+        )
+
+
+def _grouped(q: Float[Array, "B L N H"], num_kv_heads: int) -> Float[Array, "B L K G H"]:
+    b, length, n, h = q.shape
+    return q.reshape(b, length, num_kv_heads, n // num_kv_heads, h)  # [B, L, K, G, H]
+
+
+def attention_logits(
+    q: Float[Array, "B L N H"],
+    k: Float[Array, "B S K H"],
+    *,
+    score: str = "scaled_dot",
+    score_params: dict[str, Array] | None = None,
+) -> Float[Array, "B N L S"]:
+    """Unnormalised attention scores in float32.
+
+    Args:
+      q: queries [B, L, N, H].
+      k: keys [B, S, K, H]; K divides N (query head n uses kv head n // G).
+      score: "scaled_dot" (q·k / sqrt(H), Vaswani §3.2.1), "dot" (q·k, Luong §3.1), "general"
+        (q^T W k, Luong §3.1; needs `score_params["w"]` [N, H, H]) or "additive"
+        (v^T tanh(W_q q + W_k k), Bahdanau A.1.2; needs "w_q" [N, H, A], "w_k" [N, H, A],
+        "v" [N, A]). The additive score materialises [B, N, L, S, A]: use it on small inputs.
+      score_params: parameters of the general and additive scores.
+
+    Returns:
+      float32 logits [B, N, L, S].
+    """
+    _check_score(score)
+    b, length, n, h = q.shape
+    num_kv = k.shape[2]
+    if score == "additive":
+        k_full = jnp.repeat(k, n // num_kv, axis=2)  # [B, S, N, H]
+        q_a = jnp.einsum("BLNH,NHA->BNLA", q, score_params["w_q"])
+        k_a = jnp.einsum("BSNH,NHA->BNSA", k_full, score_params["w_k"])
+        hidden = jnp.tanh(q_a[:, :, :, None, :] + k_a[:, :, None, :, :])  # [B, N, L, S, A]
+        return jnp.einsum("BNLSA,NA->BNLS", hidden, score_params["v"]).astype(jnp.float32)
+    if score == "general":
+        q = jnp.einsum("BLNH,NHI->BLNI", q, score_params["w"])  # [B, L, N, H]
+    logits = jnp.einsum("BLKGH,BSKH->BKGLS", _grouped(q, num_kv), k)
+    logits = logits.reshape(b, n, length, k.shape[1]).astype(jnp.float32)  # [B, N, L, S]
+    if score == "scaled_dot":
+        logits = logits * h**-0.5
+    return logits
+
+
+def masked_softmax(
+    logits: Float[Array, "B N L S"], mask: Bool[Array, "#B #N #L #S"] | None = None
+) -> Float[Array, "B N L S"]:
+    """Softmax over keys in float32 with boolean masking; fully masked rows are all zeros."""
+    logits = logits.astype(jnp.float32)
+    if mask is None:
+        return jax.nn.softmax(logits, axis=-1)
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    return jnp.where(mask, jax.nn.softmax(logits, axis=-1), 0.0)
+
+
+def _row_has_key(mask: Array, out_shape: tuple[int, ...]) -> Array:
+    """[B, L, N|1, 1] bool: whether each query row may attend to at least one key."""
+    row = jnp.any(mask, axis=-1)  # [B|1, N|1, L|1]
+    row = jnp.broadcast_to(row, (row.shape[0], row.shape[1], out_shape[1]))
+    return jnp.swapaxes(row, 1, 2)[..., None]  # [B|1, L, N|1, 1]
+
+
+def _use_fast_path(score: str, implementation: str, dropout: bool) -> bool:
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
+    return implementation != "reference" and score in _FAST_SCORES and not dropout
+
+
+def dot_product_attention(
+    q: Float[Array, "B L N H"],
+    k: Float[Array, "B S K H"],
+    v: Float[Array, "B S K H"],
+    *,
+    mask: Bool[Array, "#B #N #L #S"] | None = None,
+    bias: Float[Array, "#B #N #L #S"] | None = None,
+    score: str = "scaled_dot",
+    score_params: dict[str, Array] | None = None,
+    dropout_rate: float = 0.0,
+    dropout_rng: Array | None = None,
+    deterministic: bool = True,
+    implementation: str = "auto",
+) -> Float[Array, "B L N H"]:
+    """Attention of queries over keys and values (Vaswani et al. 2017, Eq. 1).
+
+    Args:
+      q: queries [B, L, N, H] in the compute dtype.
+      k, v: keys and values [B, S, K, H]; K divides N (multi-query K = 1, grouped-query 1 < K < N).
+      mask: bool, True = may attend, broadcastable to [B, N, L, S].
+      bias: float additive logit bias broadcastable to [B, N, L, S] (relative positions, ALiBi).
+      score: one of `SCORES`; see `attention_logits`.
+      score_params: parameters of the "general" and "additive" scores.
+      dropout_rate: dropout on the attention probabilities (active when not deterministic).
+      dropout_rng: PRNG key for that dropout.
+      deterministic: disables dropout.
+      implementation: "auto" uses `jax.nn.dot_product_attention` (XLA, or cuDNN flash attention
+        when it applies) for the dot scores without probability dropout, else the reference path;
+        "reference" always uses the einsum path written here; "xla" is "auto" by another name.
+
+    Returns:
+      [B, L, N, H] in the dtype of `v`; rows whose mask is all False are zeros.
+    """
+    _check_qkv(q, k, v)
+    dropout = dropout_rate > 0.0 and not deterministic
+    if _use_fast_path(score, implementation, dropout):
+        out = jax.nn.dot_product_attention(
+            q,
+            k.astype(q.dtype),
+            v.astype(q.dtype),
+            bias=None if bias is None else bias.astype(q.dtype),
+            mask=mask,
+            scale=q.shape[-1] ** -0.5 if score == "scaled_dot" else 1.0,
+        ).astype(v.dtype)
+        if mask is not None:
+            out = jnp.where(_row_has_key(mask, out.shape), out, 0).astype(v.dtype)
+        return out
+    logits = attention_logits(q, k, score=score, score_params=score_params)
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    probs = masked_softmax(logits, mask)  # [B, N, L, S] float32
+    if dropout:
+        if dropout_rng is None:
+            raise ValueError("dropout_rng is required when dropout_rate > 0 and not deterministic")
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+        probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+    b, n, length, s = probs.shape
+    num_kv = k.shape[2]
+    probs = probs.reshape(b, num_kv, n // num_kv, length, s).astype(v.dtype)  # [B, K, G, L, S]
+    out = jnp.einsum("BKGLS,BSKH->BLKGH", probs, v)
+    return out.reshape(b, length, n, v.shape[-1])  # [B, L, N, H]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (Vaswani et al. 2017, §3.2.2) with grouped-query heads.
+
+    Self-attention when `inputs_kv` is None (one fused QKV projection by default); otherwise
+    cross-attention with queries from `inputs_q` (the decoder) and keys and values from
+    `inputs_kv` (the encoder output), §3.2.3.
+
+    Parameters: "qkv" [D, N + 2K, H] (fused self-attention), or "query" [D, N, H] with "kv"
+    [Dkv, 2K, H] (cross-attention) or "key"/"value" [Dkv, K, H] (unfused); "out" [N, H, D].
+    With `value_rank` r > 0 the value projection is "value_down" [Dkv, r] · "value_up" [r, K, H].
+
+    Attributes:
+      num_heads: N.
+      num_kv_heads: K (0 = N; 1 = multi-query).
+      head_dim: H (0 = D // N).
+      score: one of `SCORES`.
+      dropout_rate: attention-probability dropout.
+      fused_qkv: one [D, N + 2K, H] projection for self-attention (one matmul instead of three).
+      value_rank: rank of a factorised value projection (0 = full rank).
+      rotary: apply rotary position embeddings (RoPE) to queries and keys.
+      rope_base: RoPE frequency base.
+      use_bias: biases in the projections (the paper's and PyTorch's layers have them).
+      implementation: see `dot_product_attention`.
+      dtype: computation dtype; param_dtype: parameter dtype.
+    """
+
+    num_heads: int
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    score: str = "scaled_dot"
+    dropout_rate: float = 0.0
+    fused_qkv: bool = True
+    value_rank: int = 0
+    rotary: bool = False
+    rope_base: float = 10000.0
+    use_bias: bool = True
+    implementation: str = "auto"
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    kernel_init: nn.initializers.Initializer = nn.initializers.xavier_uniform()
+
+    def _sizes(self, width: int) -> tuple[int, int, int]:
+        n = self.num_heads
+        kv = self.num_kv_heads or n
+        if n <= 0 or n % kv:
+            raise ValueError(f"num_heads={n} must be a positive multiple of num_kv_heads={kv}")
+        h = self.head_dim or width // n
+        if not self.head_dim and width % n:
+            raise ValueError(f"model width {width} is not divisible by num_heads={n}")
+        return n, kv, h
+
+    def _dense(self, features, name: str, axis=-1, use_bias=None):
+        return nn.DenseGeneral(
+            features,
+            axis=axis,
+            use_bias=self.use_bias if use_bias is None else use_bias,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=self.kernel_init,
+            name=name,
+        )
+
+    def _project(self, x_q: Array, x_kv: Array | None, n: int, kv: int, h: int):
+        """Returns q [B, L, N, H], k [B, S, K, H], v [B, S, K, H]."""
+        self_attention = x_kv is None
+        x_kv = x_q if self_attention else x_kv
+        low_rank = self.value_rank > 0
+        if self_attention and self.fused_qkv:
+            width = n + kv + (0 if low_rank else kv)
+            qkv = self._dense((width, h), "qkv")(x_q)  # [B, L, N + 2K, H]
+            q, k = qkv[:, :, :n], qkv[:, :, n : n + kv]
+            v = None if low_rank else qkv[:, :, n + kv :]
+        else:
+            q = self._dense((n, h), "query")(x_q)  # [B, L, N, H]
+            if self.fused_qkv and not low_rank:
+                kv_proj = self._dense((2 * kv, h), "kv")(x_kv)  # [B, S, 2K, H]
+                k, v = kv_proj[:, :, :kv], kv_proj[:, :, kv:]
+            else:
+                k = self._dense((kv, h), "key")(x_kv)  # [B, S, K, H]
+                v = None if low_rank else self._dense((kv, h), "value")(x_kv)
+        if low_rank:
+            v = self._dense(self.value_rank, "value_down", use_bias=False)(x_kv)  # [B, S, r]
+            v = self._dense((kv, h), "value_up")(v)  # [B, S, K, H]
+        return q, k, v
+
+    def _score_params(self, n: int, h: int) -> dict[str, Array] | None:
+        if self.score == "general":
+            eye = lambda key, shape, dtype: jnp.broadcast_to(jnp.eye(h, dtype=dtype), shape)  # noqa: E731
+            return {"w": self.param("score_w", eye, (n, h, h), self.param_dtype)}
+        if self.score == "additive":
+            init = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
+            return {
+                "w_q": self.param("score_w_q", init, (n, h, h), self.param_dtype),
+                "w_k": self.param("score_w_k", init, (n, h, h), self.param_dtype),
+                "v": self.param(
+                    "score_v", nn.initializers.normal(h**-0.5), (n, h), self.param_dtype
+                ),
+            }
+        return None
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs_q: Float[Array, "B L D"],
+        inputs_kv: Float[Array, "B S E"] | None = None,
+        *,
+        mask: Bool[Array, "#B #N #L #S"] | None = None,
+        bias: Float[Array, "#B #N #L #S"] | None = None,
+        q_positions: Array | None = None,
+        kv_positions: Array | None = None,
+        deterministic: bool = True,
+    ) -> Float[Array, "B L D"]:
+        """Attends `inputs_q` over `inputs_kv` (self-attention when it is None).
+
+        Args:
+          inputs_q: [B, L, D] queries' inputs.
+          inputs_kv: [B, S, E] keys' and values' inputs (cross-attention), or None.
+          mask: bool, True = may attend, broadcastable to [B, N, L, S].
+          bias: additive logit bias broadcastable to [B, N, L, S] (relative positions, ALiBi).
+          q_positions, kv_positions: int32 [B, L] / [B, S] positions for RoPE (default
+            0..L-1; for packed rows pass per-segment positions).
+          deterministic: disables attention dropout.
+
+        Returns:
+          [B, L, D] in the compute dtype.
+        """
+        _check_score(self.score)
+        width = inputs_q.shape[-1]
+        n, kv, h = self._sizes(width)
+        q, k, v = self._project(inputs_q, inputs_kv, n, kv, h)
+        if self.rotary:
+            q_positions = _default_positions(q) if q_positions is None else q_positions
+            if kv_positions is None:
+                kv_positions = q_positions if inputs_kv is None else _default_positions(k)
+            q = positional.apply_rope(q, q_positions, base=self.rope_base)
+            k = positional.apply_rope(k, kv_positions, base=self.rope_base)
+        dropout_rng = None
+        if self.dropout_rate > 0.0 and not deterministic:
+            dropout_rng = self.make_rng("dropout")
+        out = dot_product_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            score=self.score,
+            score_params=self._score_params(n, h),
+            dropout_rate=self.dropout_rate,
+            dropout_rng=dropout_rng,
+            deterministic=deterministic,
+            implementation=self.implementation,
+        )  # [B, L, N, H]
+        return self._dense(width, "out", axis=(-2, -1))(out)  # [B, L, D]
+
+
+def _default_positions(x: Array) -> Array:
+    b, length = x.shape[:2]
+    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))  # [B, L]

@@ -1,0 +1,210 @@
+"""Layers: norms, feed-forward blocks, token embeddings with tied logits, residual sub-layers.
+
+Sources:
+- LayerNorm, gamma * (x - mean) / sqrt(var + eps) + beta: Ba et al. 2016, §3;
+- RMSNorm, gamma * x / sqrt(mean(x^2) + eps): Zhang & Sennrich 2019, §4;
+- position-wise feed-forward max(0, x W1 + b1) W2 + b2: Vaswani et al. 2017, §3.3 (Eq. 2);
+  GELU: Hendrycks & Gimpel 2016; SwiGLU (Swish(x W) * (x V)) W2: Shazeer 2020, §2;
+- embeddings scaled by sqrt(d_model) and shared with the pre-softmax projection: Vaswani §3.4
+  (after Press & Wolf 2017);
+- residual sub-layer LayerNorm(x + Dropout(Sublayer(x))) (post-LN): Vaswani §3.1 and §5.4;
+  pre-LN x + Dropout(Sublayer(LayerNorm(x))): Xiong et al. 2020, §3.
+
+Norm statistics are computed in float32 and cast back to the compute dtype.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+NORMS = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("post", "pre")
+ACTIVATIONS = ("relu", "gelu", "swiglu")
+
+
+def layer_norm(
+    x: Float[Array, "*B D"],
+    scale: Float[Array, " D"],
+    bias: Float[Array, " D"] | None,
+    eps: float = 1e-6,
+) -> Float[Array, "*B D"]:
+    """gamma * (x - mean) / sqrt(var + eps) + beta over the last axis, statistics in float32."""
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + eps) * scale.astype(jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def rms_norm(
+    x: Float[Array, "*B D"], scale: Float[Array, " D"], eps: float = 1e-6
+) -> Float[Array, "*B D"]:
+    """gamma * x / sqrt(mean(x^2) + eps) over the last axis, statistics in float32."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with parameters "scale" [D] (ones) and "bias" [D] (zeros)."""
+
+    epsilon: float = 1e-6
+    use_bias: bool = True
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Float[Array, "*B D"]) -> Float[Array, "*B D"]:
+        d = x.shape[-1]
+        scale = self.param("scale", nn.initializers.ones, (d,), self.param_dtype)
+        bias = (
+            self.param("bias", nn.initializers.zeros, (d,), self.param_dtype)
+            if (self.use_bias)
+            else None
+        )
+        return layer_norm(x.astype(self.dtype), scale, bias, self.epsilon)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a parameter "scale" [D] (ones)."""
+
+    epsilon: float = 1e-6
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Float[Array, "*B D"]) -> Float[Array, "*B D"]:
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+        return rms_norm(x.astype(self.dtype), scale, self.epsilon)
+
+
+def make_norm(kind: str, *, epsilon: float, dtype, param_dtype, name: str | None = None):
+    """Builds the norm called `kind` (one of `NORMS`)."""
+    if kind == "layernorm":
+        return LayerNorm(epsilon, dtype=dtype, param_dtype=param_dtype, name=name)
+    if kind == "rmsnorm":
+        return RMSNorm(epsilon, dtype=dtype, param_dtype=param_dtype, name=name)
+    raise ValueError(f"norm={kind!r} is not one of {NORMS}")
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward block [B, L, D] -> [B, L, D].
+
+    Parameters "wi" [D, F] and "wo" [F, D] (with biases when `use_bias`); SwiGLU adds
+    "wi_gate" [D, F] and, following Shazeer 2020, is usually run without biases.
+
+    Attributes:
+      mlp_dim: F, the hidden width (2048 in the paper's base model).
+      activation: "relu" (paper), "gelu" or "swiglu".
+      dropout_rate: dropout on the hidden activations (0 in the paper).
+    """
+
+    mlp_dim: int
+    activation: str = "relu"
+    dropout_rate: float = 0.0
+    use_bias: bool = True
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    kernel_init: nn.initializers.Initializer = nn.initializers.xavier_uniform()
+
+    def _dense(self, features: int, name: str) -> nn.Dense:
+        return nn.Dense(
+            features,
+            use_bias=self.use_bias,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=self.kernel_init,
+            name=name,
+        )
+
+    @nn.compact
+    def __call__(
+        self, x: Float[Array, "B L D"], *, deterministic: bool = True
+    ) -> Float[Array, "B L D"]:
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r} is not one of {ACTIVATIONS}")
+        hidden = self._dense(self.mlp_dim, "wi")(x)  # [B, L, F]
+        if self.activation == "relu":
+            hidden = nn.relu(hidden)
+        elif self.activation == "gelu":
+            hidden = nn.gelu(hidden, approximate=False)
+        else:
+            hidden = nn.silu(self._dense(self.mlp_dim, "wi_gate")(x)) * hidden
+        hidden = nn.Dropout(self.dropout_rate)(hidden, deterministic=deterministic)
+        return self._dense(x.shape[-1], "wo")(hidden)  # [B, L, D]
+
+
+class Embed(nn.Module):
+    """Token embedding [V, E] whose transpose doubles as the output projection (tied logits).
+
+    Attributes:
+      vocab_size: V.
+      features: E.
+      scale_by_sqrt_dim: multiply looked-up embeddings by sqrt(E) (Vaswani §3.4).
+    """
+
+    vocab_size: int
+    features: int
+    scale_by_sqrt_dim: bool = True
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    def setup(self):
+        init = nn.initializers.normal(stddev=self.features**-0.5)
+        self.embedding = self.param(
+            "embedding", init, (self.vocab_size, self.features), self.param_dtype
+        )
+
+    def __call__(self, tokens: Int[Array, "B L"]) -> Float[Array, "B L E"]:
+        """Looks up int32 ids [B, L]; returns [B, L, E] in the compute dtype."""
+        x = jnp.take(jnp.asarray(self.embedding, self.dtype), tokens, axis=0)
+        return (
+            x * jnp.sqrt(jnp.asarray(self.features, self.dtype)) if (self.scale_by_sqrt_dim) else x
+        )
+
+    def attend(self, x: Float[Array, "B L E"]) -> Float[Array, "B L V"]:
+        """Tied pre-softmax projection: logits [B, L, V] = x · embedding^T."""
+        return jnp.einsum("BLE,VE->BLV", x, jnp.asarray(self.embedding, self.dtype))
+
+
+class Residual(nn.Module):
+    """A residual sub-layer around `fn`: post-LN (paper) or pre-LN, with residual dropout.
+
+    post: norm(x + dropout(fn(x)))   (Vaswani et al. 2017, §3.1, §5.4)
+    pre:  x + dropout(fn(norm(x)))   (Xiong et al. 2020)
+    """
+
+    norm_position: str = "post"
+    norm: str = "layernorm"
+    epsilon: float = 1e-6
+    dropout_rate: float = 0.1
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(
+        self,
+        x: Float[Array, "B L D"],
+        fn: Callable[[Array], Array],
+        *,
+        deterministic: bool = True,
+    ) -> Float[Array, "B L D"]:
+        if self.norm_position not in NORM_POSITIONS:
+            raise ValueError(f"norm_position={self.norm_position!r} is not one of {NORM_POSITIONS}")
+        norm = make_norm(
+            self.norm,
+            epsilon=self.epsilon,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="norm",
+        )
+        dropout = nn.Dropout(self.dropout_rate)
+        if self.norm_position == "pre":
+            return x + dropout(fn(norm(x)), deterministic=deterministic)
+        return norm(x + dropout(fn(x), deterministic=deterministic))

@@ -1,0 +1,287 @@
+"""Transformer layers and stacks shared by the three models in `tfjax.models`.
+
+Sources: Vaswani et al. 2017, §3.1 (encoder and decoder stacks, N = 6 identical layers, each
+sub-layer wrapped in a residual connection and a norm), §3.4 (embeddings) and §3.5 (positions,
+dropout on their sum); relative position bias shared across layers: Raffel et al. 2020 (T5), §2.1;
+ALiBi: Press et al. 2022, §3; restricted self-attention: Vaswani §4, Table 1.
+
+Kept apart from `models.py` so that file holds the configuration and the public models only.
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from tfjax import attention, layers, masking, positional
+
+
+def _default_positions(tokens: Array) -> Array:
+    b, length = tokens.shape
+    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))  # [B, L]
+
+
+class Embedder(nn.Module):
+    """Token embeddings plus (or concatenated with) absolute positions, then dropout (§3.4-3.5)."""
+
+    config: "object"  # models.ModelConfig (annotated loosely to avoid an import cycle)
+    embed: layers.Embed
+
+    @nn.compact
+    def __call__(
+        self, tokens: Int[Array, "B L"], positions: Int[Array, "B L"], *, deterministic: bool
+    ) -> Float[Array, "B L D"]:
+        cfg = self.config
+        x = self.embed(tokens)  # [B, L, E]
+        if cfg.positional == "sinusoidal":
+            pos = positional.sinusoidal_embedding(
+                positions,
+                cfg.position_width,
+                base=cfg.sinusoidal_base,
+                layout=cfg.sinusoidal_layout,
+            )  # [B, L, P]
+        elif cfg.positional == "learned":
+            pos = positional.LearnedPositionalEmbedding(
+                cfg.max_len,
+                cfg.position_width,
+                dtype=cfg.compute_dtype,
+                param_dtype=cfg.params_dtype,
+                name="pos_embedding",
+            )(positions)
+        else:
+            pos = None
+        if pos is not None:
+            x = positional.combine_embeddings(x, pos.astype(x.dtype), cfg.positional_combine)
+        return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)  # [B, L, D]
+
+
+def _attention(cfg, name: str, *, self_attention: bool) -> attention.MultiHeadAttention:
+    return attention.MultiHeadAttention(
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        score=cfg.score,
+        dropout_rate=cfg.attention_dropout_rate,
+        fused_qkv=cfg.fused_qkv,
+        value_rank=cfg.value_rank,
+        rotary=self_attention and cfg.positional == "rotary",
+        rope_base=cfg.rope_base,
+        use_bias=cfg.use_bias,
+        implementation=cfg.attention_impl,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        name=name,
+    )
+
+
+def _residual(cfg, name: str) -> layers.Residual:
+    return layers.Residual(
+        cfg.norm_position,
+        cfg.norm,
+        cfg.layer_norm_epsilon,
+        cfg.dropout_rate,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        name=name,
+    )
+
+
+def _feed_forward(cfg) -> layers.FeedForward:
+    return layers.FeedForward(
+        cfg.mlp_dim,
+        cfg.activation,
+        use_bias=cfg.use_bias,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        name="mlp",
+    )
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention and feed-forward sub-layers, each residual with a norm (§3.1)."""
+
+    config: "object"
+
+    @nn.compact
+    def __call__(
+        self, x: Float[Array, "B S D"], *, mask, bias, positions, deterministic: bool
+    ) -> Float[Array, "B S D"]:
+        cfg = self.config
+        attn = _attention(cfg, "self_attention", self_attention=True)
+        x = _residual(cfg, "self_attention_residual")(
+            x,
+            lambda h: attn(
+                h, mask=mask, bias=bias, q_positions=positions, deterministic=deterministic
+            ),
+            deterministic=deterministic,
+        )
+        mlp = _feed_forward(cfg)
+        return _residual(cfg, "mlp_residual")(
+            x, lambda h: mlp(h, deterministic=deterministic), deterministic=deterministic
+        )
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, optional cross-attention over the encoder output, feed-forward."""
+
+    config: "object"
+    cross_attention: bool = True
+
+    @nn.compact
+    def __call__(
+        self,
+        x: Float[Array, "B L D"],
+        *,
+        encoded,
+        mask,
+        cross_mask,
+        bias,
+        positions,
+        deterministic: bool,
+    ) -> Float[Array, "B L D"]:
+        cfg = self.config
+        attn = _attention(cfg, "self_attention", self_attention=True)
+        x = _residual(cfg, "self_attention_residual")(
+            x,
+            lambda h: attn(
+                h, mask=mask, bias=bias, q_positions=positions, deterministic=deterministic
+            ),
+            deterministic=deterministic,
+        )
+        if self.cross_attention:
+            cross = _attention(cfg, "cross_attention", self_attention=False)
+            x = _residual(cfg, "cross_attention_residual")(
+                x,
+                lambda h: cross(h, encoded, mask=cross_mask, deterministic=deterministic),
+                deterministic=deterministic,
+            )
+        mlp = _feed_forward(cfg)
+        return _residual(cfg, "mlp_residual")(
+            x, lambda h: mlp(h, deterministic=deterministic), deterministic=deterministic
+        )
+
+
+class _Stack(nn.Module):
+    """Shared helpers of the encoder and decoder stacks."""
+
+    def _position_bias(
+        self, q_positions: Array, kv_positions: Array, *, bidirectional: bool
+    ) -> Array | None:
+        """Relative or ALiBi logit bias [B, N, L, S], computed once and shared by all layers."""
+        cfg = self.config
+        if cfg.positional == "relative":
+            return positional.RelativePositionBias(
+                cfg.num_heads,
+                cfg.relative_num_buckets,
+                cfg.relative_max_distance,
+                bidirectional=bidirectional,
+                dtype=cfg.compute_dtype,
+                param_dtype=cfg.params_dtype,
+                name="relative_bias",
+            )(q_positions, kv_positions)
+        if cfg.positional == "alibi":
+            slopes = positional.alibi_slopes(cfg.num_heads)
+            return positional.alibi_bias(q_positions, kv_positions, slopes)
+        return None
+
+    def _final(self, x: Array) -> Array:
+        cfg = self.config
+        if not cfg.use_final_norm:
+            return x
+        return layers.make_norm(
+            cfg.norm,
+            epsilon=cfg.layer_norm_epsilon,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.params_dtype,
+            name="final_norm",
+        )(x)
+
+
+class Encoder(_Stack):
+    """Embeddings and `num_layers` encoder layers; bidirectional within each segment."""
+
+    config: "object"
+    embed: layers.Embed
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens: Int[Array, "B S"],
+        *,
+        segment_ids: Int[Array, "B S"] | None,
+        positions: Int[Array, "B S"] | None,
+        deterministic: bool,
+    ) -> Float[Array, "B S D"]:
+        cfg = self.config
+        positions = _default_positions(tokens) if positions is None else positions
+        x = Embedder(cfg, self.embed, name="embedder")(
+            tokens, positions, deterministic=deterministic
+        )
+        mask = None if segment_ids is None else masking.segment_mask(segment_ids)
+        if cfg.window_radius:
+            mask = masking.combine_masks(
+                mask, masking.window_mask(tokens.shape[1], cfg.window_radius)
+            )
+        bias = self._position_bias(positions, positions, bidirectional=True)
+        for i in range(cfg.num_layers):
+            x = EncoderLayer(cfg, name=f"layer_{i}")(
+                x, mask=mask, bias=bias, positions=positions, deterministic=deterministic
+            )
+        return self._final(x)
+
+
+class Decoder(_Stack):
+    """Embeddings and decoder layers with causal self-attention (and cross-attention)."""
+
+    config: "object"
+    embed: layers.Embed
+    cross_attention: bool = True
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens: Int[Array, "B L"],
+        *,
+        encoded: Array | None = None,
+        segment_ids: Int[Array, "B L"] | None,
+        positions: Int[Array, "B L"] | None,
+        encoded_segment_ids: Array | None = None,
+        deterministic: bool,
+    ) -> Float[Array, "B L D"]:
+        cfg = self.config
+        length = tokens.shape[1]
+        positions = _default_positions(tokens) if positions is None else positions
+        x = Embedder(cfg, self.embed, name="embedder")(
+            tokens, positions, deterministic=deterministic
+        )
+        window = (
+            masking.window_mask(length, cfg.window_radius, causal=True)
+            if cfg.window_radius
+            else None
+        )
+        mask = masking.combine_masks(
+            masking.causal_mask(length),
+            window,
+            None if segment_ids is None else masking.segment_mask(segment_ids),
+        )
+        cross_mask = None
+        if self.cross_attention and (segment_ids is not None or encoded_segment_ids is not None):
+            q_seg = jnp.ones_like(tokens) if segment_ids is None else segment_ids
+            kv_seg = (
+                jnp.ones(encoded.shape[:2], jnp.int32)
+                if encoded_segment_ids is None
+                else encoded_segment_ids
+            )
+            cross_mask = masking.cross_attention_mask(q_seg, kv_seg)
+        bias = self._position_bias(positions, positions, bidirectional=False)
+        num_layers = cfg.num_decoder_layers if self.cross_attention else cfg.num_layers
+        for i in range(num_layers):
+            x = DecoderLayer(cfg, self.cross_attention, name=f"layer_{i}")(
+                x,
+                encoded=encoded,
+                mask=mask,
+                cross_mask=cross_mask,
+                bias=bias,
+                positions=positions,
+                deterministic=deterministic,
+            )
+        return self._final(x)
