@@ -1,0 +1,263 @@
+"""Tests for tfjax/losses.py against numpy references written out here."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tfjax import losses
+
+
+def _log_softmax(x):
+    x = np.asarray(x, np.float64)
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _reference_cross_entropy(logits, targets, weights, eps):
+    """Smoothed CE minus the entropy of the smoothed targets, and the plain NLL, summed."""
+    V = logits.shape[-1]
+    log_probs = _log_softmax(logits)
+    q = np.full(log_probs.shape, eps / (V - 1))
+    np.put_along_axis(q, targets[..., None], 1.0 - eps, axis=-1)
+    q_log_q = np.where(q > 0, q * np.log(np.where(q > 0, q, 1.0)), 0.0)
+    loss = -(q * log_probs).sum(-1) + q_log_q.sum(-1)
+    nll = -np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    return (loss * weights).sum(), (nll * weights).sum()
+
+
+@pytest.fixture
+def batch():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 5, 7)).astype(np.float32) * 3
+    targets = rng.integers(0, 7, size=(2, 5)).astype(np.int32)
+    weights = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.float32)
+    return logits, targets, weights
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_cross_entropy_matches_numpy_reference(batch, eps):
+    logits, targets, weights = batch
+    loss_sum, nll_sum = losses.cross_entropy(
+        jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights), label_smoothing=eps
+    )
+    ref_loss, ref_nll = _reference_cross_entropy(logits, targets, weights, eps)
+    assert loss_sum.dtype == jnp.float32 and nll_sum.dtype == jnp.float32
+    np.testing.assert_allclose(loss_sum, ref_loss, rtol=1e-5)
+    np.testing.assert_allclose(nll_sum, ref_nll, rtol=1e-5)
+
+
+def test_smoothed_loss_includes_entropy_offset(batch):
+    # With smoothing, loss + weight_sum · H(q) is the raw smoothed cross-entropy -Σ q log p.
+    logits, targets, weights = batch
+    eps, V = 0.1, logits.shape[-1]
+    loss_sum, _ = losses.cross_entropy(
+        jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights), label_smoothing=eps
+    )
+    entropy = -(1 - eps) * math.log(1 - eps) - eps * math.log(eps / (V - 1))
+    log_probs = _log_softmax(logits)
+    raw = -(1 - eps) * np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+    raw -= (
+        eps
+        / (V - 1)
+        * (log_probs.sum(-1) - np.take_along_axis(log_probs, targets[..., None], -1)[..., 0])
+    )
+    np.testing.assert_allclose(loss_sum + weights.sum() * entropy, (raw * weights).sum(), rtol=1e-5)
+
+
+def test_perfect_logits_give_zero_loss():
+    targets = jnp.array([[0, 3, 2]], jnp.int32)
+    logits = 100.0 * jax.nn.one_hot(targets, 4)  # [1, 3, 4]
+    loss_sum, nll_sum = losses.cross_entropy(logits, targets, jnp.ones((1, 3)))
+    assert abs(float(loss_sum)) < 1e-6
+    assert abs(float(nll_sum)) < 1e-6
+
+
+def test_smoothed_loss_is_zero_at_the_smoothed_target():
+    # Logits equal to log q reproduce q exactly, the minimum of the smoothed loss.
+    eps, V = 0.1, 4
+    targets = jnp.array([[1, 2]], jnp.int32)
+    q = jnp.where(jax.nn.one_hot(targets, V) > 0, 1 - eps, eps / (V - 1))
+    loss_sum, nll_sum = losses.cross_entropy(
+        jnp.log(q), targets, jnp.ones((1, 2)), label_smoothing=eps
+    )
+    assert abs(float(loss_sum)) < 1e-5
+    np.testing.assert_allclose(nll_sum, -2 * math.log(1 - eps), rtol=1e-5)
+
+
+def test_weights_zero_out_padded_tokens(batch):
+    logits, targets, weights = batch
+    garbage = logits.copy()
+    garbage[0, 3:] = 1e4 * np.sign(np.arange(7) - 3)  # padded positions (weight 0) change wildly
+    for eps in (0.0, 0.1):
+        clean = losses.cross_entropy(
+            *map(jnp.asarray, (logits, targets, weights)), label_smoothing=eps
+        )
+        dirty = losses.cross_entropy(
+            *map(jnp.asarray, (garbage, targets, weights)), label_smoothing=eps
+        )
+        np.testing.assert_allclose(clean, dirty, rtol=1e-6)
+
+
+def test_cross_entropy_upcasts_bfloat16(batch):
+    logits, targets, weights = batch
+    loss_sum, nll_sum = losses.cross_entropy(
+        jnp.asarray(logits, jnp.bfloat16), jnp.asarray(targets), jnp.asarray(weights)
+    )
+    assert loss_sum.dtype == jnp.float32 and nll_sum.dtype == jnp.float32
+    ref_logits = np.asarray(jnp.asarray(logits, jnp.bfloat16).astype(jnp.float32))
+    _, ref_nll = _reference_cross_entropy(ref_logits, targets, weights, 0.0)
+    np.testing.assert_allclose(nll_sum, ref_nll, rtol=1e-5)
+
+
+@pytest.mark.parametrize("eps", [-0.1, 1.0, 1.5])
+def test_cross_entropy_rejects_bad_smoothing(batch, eps):
+    logits, targets, weights = map(jnp.asarray, batch)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        losses.cross_entropy(logits, targets, weights, label_smoothing=eps)
+
+
+def test_cross_entropy_rejects_shape_mismatch(batch):
+    logits, targets, weights = map(jnp.asarray, batch)
+    # Bypass the test-only jaxtyping check (which would also reject this) to reach the ValueError.
+    unchecked = getattr(losses.cross_entropy, "__wrapped__", losses.cross_entropy)
+    with pytest.raises(ValueError, match=r"weights: expected shape \(2, 5\), got \(2, 4\)"):
+        unchecked(logits, targets, weights[:, :4])
+
+
+def _exact_match(predictions, targets, segment_ids):
+    args = (jnp.asarray(a, jnp.int32) for a in (predictions, targets, segment_ids))
+    return tuple(float(x) for x in losses.sequence_exact_match(*args))
+
+
+def test_exact_match_single_sequences():
+    targets = [[1, 2, 3, 0], [4, 5, 6, 7], [1, 1, 1, 1]]
+    predictions = [[1, 2, 3, 9], [4, 5, 0, 7], [1, 1, 1, 1]]  # row 0 wrong only on padding
+    segment_ids = [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]]
+    assert _exact_match(predictions, targets, segment_ids) == (2.0, 3.0)
+
+
+def test_exact_match_packed_rows():
+    targets = [[1, 2, 3, 4, 0]]
+    predictions = [[1, 2, 3, 9, 9]]  # segment 2 wrong at position 3; padding wrong too
+    assert _exact_match(predictions, targets, [[1, 1, 2, 2, 0]]) == (1.0, 2.0)
+    assert _exact_match(targets, targets, [[1, 1, 2, 2, 0]]) == (2.0, 2.0)
+    # Three sequences in one row, one full row, and an all-padding row (no sequences).
+    targets = [[1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [0, 0, 0, 0, 0]]
+    predictions = [[0, 2, 3, 4, 5], [1, 2, 3, 4, 5], [7, 7, 7, 7, 7]]
+    segment_ids = [[1, 2, 2, 3, 3], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]]
+    assert _exact_match(predictions, targets, segment_ids) == (3.0, 4.0)
+
+
+def test_exact_match_segments_do_not_leak_across_rows():
+    # Row 0 segment 5 (= L) sits next to row 1 segment 0/1 in the flattened buckets.
+    targets = [[1, 1, 1, 1, 1], [2, 2, 2, 2, 2]]
+    predictions = [[1, 1, 1, 1, 1], [2, 2, 2, 2, 0]]
+    segment_ids = [[1, 2, 3, 4, 5], [1, 1, 1, 1, 1]]
+    assert _exact_match(predictions, targets, segment_ids) == (5.0, 6.0)
+
+
+def _random_metrics_inputs():
+    rng = np.random.default_rng(1)
+    logits = jnp.asarray(rng.normal(size=(2, 6, 5)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 5, size=(2, 6)), jnp.int32)
+    segment_ids = jnp.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 0, 0]], jnp.int32)
+    return logits, targets, segment_ids
+
+
+def test_compute_metrics_values():
+    logits, targets, segment_ids = _random_metrics_inputs()
+    predictions = np.asarray(logits).argmax(-1)
+    targets = targets.at[0, :2].set(jnp.asarray(predictions[0, :2]))  # segment (0, 1) all correct
+    metrics = losses.compute_metrics(logits, targets, segment_ids, label_smoothing=0.1)
+    assert set(metrics) == set(losses.METRIC_SUM_KEYS)
+    weights = (np.asarray(segment_ids) > 0).astype(np.float32)
+    ref_loss, ref_nll = _reference_cross_entropy(
+        np.asarray(logits), np.asarray(targets), weights, 0.1
+    )
+    correct = (predictions == np.asarray(targets)) * weights
+    np.testing.assert_allclose(metrics["loss_sum"], ref_loss, rtol=1e-5)
+    np.testing.assert_allclose(metrics["nll_sum"], ref_nll, rtol=1e-5)
+    assert float(metrics["correct_sum"]) == correct.sum()
+    assert float(metrics["weight_sum"]) == 9.0
+    assert float(metrics["seq_count"]) == 3.0
+    seq_ok = [correct[0, :2].all(), correct[0, 2:5].all(), correct[1, :4].all()]
+    assert float(metrics["seq_correct_sum"]) == sum(seq_ok) and seq_ok[0]
+    for value in metrics.values():
+        assert value.shape == () and value.dtype == jnp.float32
+
+
+def test_compute_metrics_jit_equals_eager():
+    logits, targets, segment_ids = _random_metrics_inputs()
+    eager = losses.compute_metrics(logits, targets, segment_ids, label_smoothing=0.1)
+    jitted = jax.jit(lambda *a: losses.compute_metrics(*a, label_smoothing=0.1))(
+        logits, targets, segment_ids
+    )
+    for key in losses.METRIC_SUM_KEYS:
+        np.testing.assert_allclose(jitted[key], eager[key], rtol=1e-6, err_msg=key)
+
+
+def test_classification_metrics():
+    logits = jnp.array([[2.0, 0.0, -1.0], [0.0, 1.0, 3.0], [0.5, 0.2, 0.1]], jnp.float32)
+    labels = jnp.array([0, 1, 0], jnp.int32)  # correct, wrong, correct
+    metrics = losses.classification_metrics(logits, labels)
+    log_probs = _log_softmax(np.asarray(logits))
+    ref_nll = -log_probs[[0, 1, 2], [0, 1, 0]].sum()
+    np.testing.assert_allclose(metrics["nll_sum"], ref_nll, rtol=1e-5)
+    np.testing.assert_allclose(metrics["loss_sum"], ref_nll, rtol=1e-5)
+    expected = {"correct_sum": 2.0, "weight_sum": 3.0, "seq_correct_sum": 2.0, "seq_count": 3.0}
+    assert {key: float(metrics[key]) for key in expected} == expected
+    smoothed = losses.classification_metrics(logits, labels, label_smoothing=0.1)
+    ref_loss, _ = _reference_cross_entropy(
+        np.asarray(logits)[:, None], np.asarray(labels)[:, None], np.ones((3, 1)), 0.1
+    )
+    np.testing.assert_allclose(smoothed["loss_sum"], ref_loss, rtol=1e-5)
+
+
+def test_summarize_divides_and_passes_extras_through():
+    sums = {
+        "loss_sum": np.float32(6.0),
+        "nll_sum": np.array(8.0, np.float32),
+        "correct_sum": 3.0,
+        "weight_sum": 4.0,
+        "seq_correct_sum": 1.0,
+        "seq_count": 2.0,
+        "grad_norm": np.array([0.5], np.float32),
+        "learning_rate": 1e-3,
+    }
+    out = losses.summarize(sums)
+    expected = {
+        "loss": 1.5,
+        "nll": 2.0,
+        "perplexity": math.exp(2.0),
+        "accuracy": 0.75,
+        "exact_match": 0.5,
+        "grad_norm": 0.5,
+        "learning_rate": 1e-3,
+    }
+    assert out.keys() == expected.keys()
+    for key, value in expected.items():
+        assert type(out[key]) is float
+        assert out[key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_summarize_zero_weights_give_nan():
+    out = losses.summarize(
+        {
+            "loss_sum": 0.0,
+            "nll_sum": 0.0,
+            "correct_sum": 0.0,
+            "weight_sum": 0.0,
+            "seq_correct_sum": 0.0,
+            "seq_count": np.float32(0.0),
+        }
+    )
+    for key in ("loss", "nll", "perplexity", "accuracy", "exact_match"):
+        assert math.isnan(out[key]), key
+
+
+def test_summarize_rejects_non_scalars():
+    with pytest.raises(ValueError, match="loss_sum"):
+        losses.summarize({"loss_sum": np.ones(8), "weight_sum": 1.0})

@@ -1,0 +1,236 @@
+"""Losses and metrics as (sum, weight) pairs.
+
+Every metric leaves the device as a float32 sum and a float32 weight (`loss_sum`, `weight_sum`, ...)
+so that it stays exact when summed over devices (`lax.psum`) and hosts; only `summarize`, on the
+host, divides.
+
+Sources:
+- Label smoothing: Szegedy et al. 2016, "Rethinking the Inception Architecture for Computer
+  Vision", §7; used with ε = 0.1 in Vaswani et al. 2017, "Attention Is All You Need", §5.4.
+  The target class gets probability 1 - ε and every other class ε / (V - 1).
+- Reporting the smoothed loss minus the entropy of the smoothed targets (so that a perfect model
+  scores 0) follows the normalizing constant of the Flax `examples/wmt` loss.
+"""
+
+import math
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+# What `jax.device_get` hands the host for a scalar metric, or a plain Python number.
+HostScalar = float | int | np.number | np.ndarray
+
+METRIC_SUM_KEYS = (
+    "loss_sum",
+    "nll_sum",
+    "correct_sum",
+    "weight_sum",
+    "seq_correct_sum",
+    "seq_count",
+)
+
+
+def _check_shape(name: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
+    if tuple(shape) != tuple(expected):
+        raise ValueError(f"{name}: expected shape {tuple(expected)}, got {tuple(shape)}")
+
+
+def _smoothing_targets(label_smoothing: float, vocab_size: int) -> tuple[float, float, float]:
+    """Returns (confidence, off-target probability, entropy of the smoothed target distribution)."""
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing: expected a value in [0, 1), got {label_smoothing}")
+    confidence = 1.0 - label_smoothing
+    low = label_smoothing / max(vocab_size - 1, 1)
+    entropy = -confidence * math.log(confidence)
+    if low > 0.0:
+        entropy -= (vocab_size - 1) * low * math.log(low)
+    return confidence, low, entropy
+
+
+def cross_entropy(
+    logits: Float[Array, "B L V"],
+    targets: Int[Array, "B L"],
+    weights: Float[Array, "B L"],
+    *,
+    label_smoothing: float = 0.0,
+) -> tuple[Float[Array, ""], Float[Array, ""]]:
+    """Weighted cross-entropy with label smoothing, summed over tokens.
+
+    Args:
+        logits: [B, L, V] any float dtype; upcast to float32 before the log-softmax.
+        targets: [B, L] int32 class ids in [0, V).
+        weights: [B, L] float32 per-token weights (0 for padding).
+        label_smoothing: ε in [0, 1), a static Python float. The target gets 1 - ε, every other
+            class ε / (V - 1) (Vaswani et al. 2017 §5.4).
+
+    Returns:
+        (loss_sum, nll_sum), float32 scalars. `loss_sum` is the smoothed cross-entropy minus the
+        entropy of the smoothed targets (0 for a perfect model); `nll_sum` is the plain negative
+        log-likelihood of `targets` (for perplexity). Both are sums of per-token values × weights.
+
+    Raises:
+        ValueError: if ε is outside [0, 1) or the shapes disagree.
+    """
+    B, L, V = logits.shape
+    _check_shape("targets", targets.shape, (B, L))
+    _check_shape("weights", weights.shape, (B, L))
+    confidence, low, entropy = _smoothing_targets(label_smoothing, V)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, L, V] float32
+    target_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [B, L]
+    nll = -target_log_probs  # [B, L]
+    # -Σ_v q_v log p_v with q = low everywhere except confidence at the target.
+    smoothed = -(confidence - low) * target_log_probs - low * jnp.sum(log_probs, axis=-1)  # [B, L]
+    weights = weights.astype(jnp.float32)
+    loss_sum = jnp.sum((smoothed - entropy) * weights)
+    nll_sum = jnp.sum(nll * weights)
+    return loss_sum, nll_sum
+
+
+def sequence_exact_match(
+    predictions: Int[Array, "B L"],
+    targets: Int[Array, "B L"],
+    segment_ids: Int[Array, "B L"],
+) -> tuple[Float[Array, ""], Float[Array, ""]]:
+    """Counts sequences whose every non-padding token is predicted correctly.
+
+    A row may hold several packed sequences with segment ids 1, 2, ...; segment 0 is padding.
+    Each (row, segment id) present counts as one sequence. Static shapes only, so it jits.
+
+    Args:
+        predictions: [B, L] int32 predicted ids.
+        targets: [B, L] int32 target ids.
+        segment_ids: [B, L] int32 in [0, L]; 0 = padding. Ids above L are not supported.
+
+    Returns:
+        (seq_correct_sum, seq_count), float32 scalars.
+
+    Raises:
+        ValueError: if the shapes disagree.
+    """
+    B, L = targets.shape
+    _check_shape("predictions", predictions.shape, (B, L))
+    _check_shape("segment_ids", segment_ids.shape, (B, L))
+    # One bucket per (row, segment id): row b owns buckets b * (L + 1) ... b * (L + 1) + L.
+    buckets = (jnp.arange(B, dtype=jnp.int32)[:, None] * (L + 1) + segment_ids).reshape(-1)  # [B*L]
+    errors = (predictions != targets).astype(jnp.int32).reshape(-1)  # [B*L]
+    num_segments = B * (L + 1)
+    token_count = jax.ops.segment_sum(jnp.ones_like(errors), buckets, num_segments)
+    error_count = jax.ops.segment_sum(errors, buckets, num_segments)
+    present = token_count.reshape(B, L + 1)[:, 1:] > 0  # [B, L] segments 1..L
+    correct = present & (error_count.reshape(B, L + 1)[:, 1:] == 0)  # [B, L]
+    return jnp.sum(correct, dtype=jnp.float32), jnp.sum(present, dtype=jnp.float32)
+
+
+def compute_metrics(
+    logits: Float[Array, "B L V"],
+    targets: Int[Array, "B L"],
+    segment_ids: Int[Array, "B L"],
+    *,
+    label_smoothing: float = 0.0,
+) -> dict[str, Array]:
+    """Sequence-model metrics as float32 sums; padding (segment 0) has weight 0.
+
+    Args:
+        logits: [B, L, V] any float dtype.
+        targets: [B, L] int32 target ids.
+        segment_ids: [B, L] int32; 0 = padding, 1, 2, ... = packed sequences.
+        label_smoothing: ε for `loss_sum` (see `cross_entropy`).
+
+    Returns:
+        Float32 scalars keyed `loss_sum`, `nll_sum`, `correct_sum` (argmax == target),
+        `weight_sum` (non-padding tokens), `seq_correct_sum` and `seq_count`
+        (see `sequence_exact_match`). Divide on the host with `summarize`.
+    """
+    weights = (segment_ids > 0).astype(jnp.float32)  # [B, L]
+    loss_sum, nll_sum = cross_entropy(logits, targets, weights, label_smoothing=label_smoothing)
+    predictions = jnp.argmax(logits, axis=-1).astype(targets.dtype)  # [B, L]
+    seq_correct_sum, seq_count = sequence_exact_match(predictions, targets, segment_ids)
+    return {
+        "loss_sum": loss_sum,
+        "nll_sum": nll_sum,
+        "correct_sum": jnp.sum((predictions == targets) * weights),
+        "weight_sum": jnp.sum(weights),
+        "seq_correct_sum": seq_correct_sum,
+        "seq_count": seq_count,
+    }
+
+
+def classification_metrics(
+    logits: Float[Array, "B C"],
+    labels: Int[Array, " B"],  # leading space keeps pyflakes from reading B as a name
+    *,
+    label_smoothing: float = 0.0,
+) -> dict[str, Array]:
+    """Classification metrics with the keys of `compute_metrics`.
+
+    Each example counts as one token and one sequence, so `accuracy` and `exact_match` agree.
+
+    Args:
+        logits: [B, C] any float dtype, C classes.
+        labels: [B] int32 class ids in [0, C); a negative label marks a padding row (weight 0).
+        label_smoothing: ε for `loss_sum` (see `cross_entropy`).
+
+    Returns:
+        Float32 scalars keyed as in `compute_metrics`.
+    """
+    # [B, 1]: one sequence per example; padding rows (label < 0) get segment 0 and no weight.
+    segment_ids = (labels >= 0).astype(jnp.int32)[:, None]
+    return compute_metrics(
+        logits[:, None, :],
+        jnp.maximum(labels, 0)[:, None],
+        segment_ids,
+        label_smoothing=label_smoothing,
+    )
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator != 0 else float("nan")
+
+
+def _exp(value: float) -> float:
+    try:
+        return math.exp(value)  # nan stays nan
+    except OverflowError:
+        return math.inf
+
+
+def _scalar(key: str, value: HostScalar) -> float:
+    array = np.asarray(value)
+    if array.size != 1:
+        raise ValueError(
+            f"{key}: expected a scalar (take one replica of a psum-ed metric, or sum first), "
+            f"got shape {array.shape}"
+        )
+    return float(array.reshape(()))
+
+
+def summarize(sums: Mapping[str, HostScalar]) -> dict[str, float]:
+    """Host side: turns metric sums into means. Plain numpy/Python, no jax.
+
+    Args:
+        sums: scalar metrics after `jax.device_get`, e.g. the output of `compute_metrics`
+            (possibly summed over steps) plus extras such as `grad_norm` or `learning_rate`.
+
+    Returns:
+        `loss`, `nll`, `perplexity` (exp(nll)) and `accuracy` when `weight_sum` is present,
+        `exact_match` when `seq_count` is present; a zero denominator gives nan. Keys outside
+        the six sums pass through as floats.
+
+    Raises:
+        ValueError: if a value is not a scalar.
+    """
+    values = {key: _scalar(key, value) for key, value in sums.items()}
+    out = {key: value for key, value in values.items() if key not in METRIC_SUM_KEYS}
+    weight_sum = values.get("weight_sum")
+    if weight_sum is not None:
+        for name, key in (("loss", "loss_sum"), ("nll", "nll_sum"), ("accuracy", "correct_sum")):
+            if key in values:
+                out[name] = _ratio(values[key], weight_sum)
+        if "nll" in out:
+            out["perplexity"] = _exp(out["nll"])
+    if "seq_count" in values and "seq_correct_sum" in values:
+        out["exact_match"] = _ratio(values["seq_correct_sum"], values["seq_count"])
+    return out

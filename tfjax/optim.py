@@ -1,0 +1,257 @@
+"""Learning-rate schedules and the optimizer.
+
+Sources:
+- `paper_schedule`: Vaswani et al. 2017, "Attention Is All You Need", §5.3, eq. (3):
+  lr = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5), with step counted from 1;
+  Adam with β1 = 0.9, β2 = 0.98, ε = 1e-9 (the `OptimConfig` defaults).
+- `rsqrt_schedule`: the same shape with the peak given directly (linear warmup, then inverse
+  square-root decay), as in T5 (Raffel et al. 2020, §3.1.2) and tensor2tensor.
+- `cosine_schedule`: Loshchilov & Hutter 2017, "SGDR", eq. (5), without restarts, after a linear
+  warmup.
+- AdamW: Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization", Algorithm 2.
+- Gradient accumulation: `optax.MultiSteps`.
+
+All schedules take optax's update count (0 for the first update) and evaluate at s = count + 1, so
+the first update never has a zero learning rate and the paper's formula applies as written.
+"""
+
+import dataclasses
+import numbers
+
+import jax
+import jax.numpy as jnp
+import optax
+
+OPTIMIZERS = ("adam", "adamw")
+SCHEDULES = ("paper", "rsqrt", "cosine", "constant")
+
+
+def _require(ok: bool, field: str, expected: str, actual: object) -> None:
+    if not ok:
+        raise ValueError(f"OptimConfig.{field}: expected {expected}, got {actual!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer settings, built as `OptimConfig(**config.optim)`.
+
+    Attributes:
+        optimizer: "adam" or "adamw".
+        learning_rate: for the "paper" schedule the `scale` multiplier; otherwise the peak LR.
+        schedule: "paper", "rsqrt", "cosine" or "constant" (linear warmup, then constant).
+        warmup_steps: linear warmup length in applied updates; > 0 for "paper" and "rsqrt".
+        b1, b2, eps: Adam hyperparameters (defaults from Vaswani et al. 2017 §5.3).
+        weight_decay: decoupled weight decay; only with "adamw".
+        grad_clip_norm: clip gradients to this global norm; 0 turns clipping off.
+        grad_accum_steps: micro-batches averaged per applied update (`optax.MultiSteps`).
+        decay_steps: total applied updates of the "cosine" schedule, warmup included.
+        end_lr_fraction: the "cosine" floor as a fraction of the peak.
+    """
+
+    optimizer: str = "adam"
+    learning_rate: float = 1.0
+    schedule: str = "paper"
+    warmup_steps: int = 4000
+    b1: float = 0.9
+    b2: float = 0.98
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+    grad_accum_steps: int = 1
+    decay_steps: int = 0
+    end_lr_fraction: float = 0.0
+
+    def __post_init__(self):
+        self._check_names()
+        self._check_numbers()
+        self._check_combinations()
+
+    def _check_names(self) -> None:
+        _require(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}", self.optimizer)
+        _require(self.schedule in SCHEDULES, "schedule", f"one of {SCHEDULES}", self.schedule)
+
+    def _check_numbers(self) -> None:
+        lr = self.learning_rate
+        _require(_is_real(lr) and lr > 0, "learning_rate", "a number > 0", lr)
+        for field in ("warmup_steps", "decay_steps"):
+            value = getattr(self, field)
+            _require(_is_int(value) and value >= 0, field, "an integer >= 0", value)
+        k = self.grad_accum_steps
+        _require(_is_int(k) and k >= 1, "grad_accum_steps", "an integer >= 1", k)
+        for field in ("b1", "b2"):
+            value = getattr(self, field)
+            _require(_is_real(value) and 0 <= value < 1, field, "a number in [0, 1)", value)
+        _require(_is_real(self.eps) and self.eps > 0, "eps", "a number > 0", self.eps)
+        for field in ("weight_decay", "grad_clip_norm"):
+            value = getattr(self, field)
+            _require(_is_real(value) and value >= 0, field, "a number >= 0 (0 = off)", value)
+        end = self.end_lr_fraction
+        _require(_is_real(end) and 0 <= end <= 1, "end_lr_fraction", "a number in [0, 1]", end)
+
+    def _check_combinations(self) -> None:
+        if self.schedule in ("paper", "rsqrt"):
+            expected = f"> 0 for schedule={self.schedule!r}"
+            _require(self.warmup_steps > 0, "warmup_steps", expected, self.warmup_steps)
+        if self.schedule == "cosine":
+            expected = f"> warmup_steps ({self.warmup_steps}) for schedule='cosine'"
+            _require(
+                self.decay_steps > self.warmup_steps, "decay_steps", expected, self.decay_steps
+            )
+        _check_weight_decay(self.optimizer, self.weight_decay)
+
+
+def _check_weight_decay(optimizer: str, weight_decay: float) -> None:
+    if optimizer == "adam" and weight_decay > 0:
+        raise ValueError(
+            f"OptimConfig.weight_decay: expected 0 with optimizer='adam', got {weight_decay!r}; "
+            "use optimizer='adamw' for (decoupled) weight decay"
+        )
+
+
+def _step(count: jax.Array | int) -> jax.Array:
+    """optax's count (0 for the first update) → the paper's step s (1 for the first update)."""
+    return jnp.asarray(count, jnp.float32) + 1.0
+
+
+def _warmup_factor(s: jax.Array, warmup_steps: int) -> jax.Array:
+    """Linear warmup s / warmup_steps, capped at 1; 1 throughout when warmup_steps == 0."""
+    if warmup_steps == 0:
+        return jnp.ones_like(s)
+    return jnp.minimum(1.0, s / warmup_steps)
+
+
+def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
+    """Vaswani et al. 2017 §5.3: scale · d_model^-0.5 · min(s^-0.5, s · warmup_steps^-1.5).
+
+    Args:
+        d_model: model width D.
+        warmup_steps: the step of the peak, scale · (d_model · warmup_steps)^-0.5.
+        scale: a multiplier on the paper's formula (1 in the paper).
+
+    Returns:
+        A schedule mapping optax's count c (from 0) to a float32 LR evaluated at s = c + 1.
+    """
+    if d_model <= 0 or warmup_steps <= 0:
+        raise ValueError(f"d_model, warmup_steps: expected > 0, got {d_model}, {warmup_steps}")
+
+    def schedule(count):
+        s = _step(count)
+        return scale * d_model**-0.5 * jnp.minimum(s**-0.5, s * warmup_steps**-1.5)
+
+    return schedule
+
+
+def rsqrt_schedule(peak: float, warmup_steps: int) -> optax.Schedule:
+    """Linear warmup to `peak` at s = warmup_steps, then peak · sqrt(warmup_steps / s).
+
+    Returns:
+        A schedule mapping optax's count c (from 0) to a float32 LR evaluated at s = c + 1, so
+        the first update uses peak / warmup_steps.
+    """
+    if warmup_steps <= 0:
+        raise ValueError(f"warmup_steps: expected > 0, got {warmup_steps}")
+
+    def schedule(count):
+        s = _step(count)
+        return peak * jnp.minimum(s / warmup_steps, jnp.sqrt(warmup_steps / s))
+
+    return schedule
+
+
+def cosine_schedule(
+    peak: float, warmup_steps: int, decay_steps: int, end_fraction: float = 0.0
+) -> optax.Schedule:
+    """Linear warmup to `peak`, then cosine decay to peak · end_fraction at s = decay_steps.
+
+    Args:
+        peak: the LR at s = warmup_steps.
+        warmup_steps: warmup length (0 = start at the peak).
+        decay_steps: the step at which the floor is reached, warmup included; constant after.
+        end_fraction: the floor as a fraction of `peak`.
+
+    Returns:
+        A schedule mapping optax's count c (from 0) to a float32 LR evaluated at s = c + 1.
+    """
+    if not 0 <= warmup_steps < decay_steps:
+        raise ValueError(
+            f"warmup_steps, decay_steps: expected 0 <= warmup_steps < decay_steps, "
+            f"got {warmup_steps}, {decay_steps}"
+        )
+    end = peak * end_fraction
+
+    def schedule(count):
+        s = _step(count)
+        progress = jnp.clip((s - warmup_steps) / (decay_steps - warmup_steps), 0.0, 1.0)
+        decayed = end + (peak - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
+        return jnp.where(s < warmup_steps, peak * _warmup_factor(s, warmup_steps), decayed)
+
+    return schedule
+
+
+def constant_schedule(peak: float, warmup_steps: int) -> optax.Schedule:
+    """Linear warmup to `peak` over warmup_steps (none when 0), then constant."""
+
+    def schedule(count):
+        return peak * _warmup_factor(_step(count), warmup_steps)
+
+    return schedule
+
+
+def make_schedule(config: OptimConfig, d_model: int) -> optax.Schedule:
+    """The schedule named by `config.schedule`; `d_model` is used by "paper" only."""
+    lr, warmup = config.learning_rate, config.warmup_steps
+    if config.schedule == "paper":
+        return paper_schedule(d_model, warmup, scale=lr)
+    if config.schedule == "rsqrt":
+        return rsqrt_schedule(lr, warmup)
+    if config.schedule == "cosine":
+        return cosine_schedule(lr, warmup, config.decay_steps, config.end_lr_fraction)
+    return constant_schedule(lr, warmup)
+
+
+def make_optimizer(
+    config: OptimConfig, d_model: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """Builds clip → Adam/AdamW with the schedule, optionally under gradient accumulation.
+
+    With `grad_accum_steps` k > 1 the chain is wrapped in `optax.MultiSteps`: micro-batch
+    gradients are averaged and the inner chain (clipping included) runs once every k calls,
+    returning zero updates in between. The schedule therefore advances once per *applied* update,
+    not per call: to log the LR in use, evaluate the schedule at the number of applied updates
+    (the train step's micro-step count // k), not at the micro-step count.
+
+    AdamW follows optax: the decay is decoupled from the Adam moments and scaled by the schedule.
+
+    Args:
+        config: the optimizer settings.
+        d_model: model width D, for the "paper" schedule.
+
+    Returns:
+        (optimizer, schedule).
+
+    Raises:
+        ValueError: for optimizer="adam" with weight_decay > 0 (use "adamw").
+    """
+    _check_weight_decay(config.optimizer, config.weight_decay)
+    schedule = make_schedule(config, d_model)
+    adam_args = dict(learning_rate=schedule, b1=config.b1, b2=config.b2, eps=config.eps)
+    if config.optimizer == "adamw":
+        adam = optax.adamw(**adam_args, weight_decay=config.weight_decay)
+    else:
+        adam = optax.adam(**adam_args)
+    parts = []
+    if config.grad_clip_norm > 0:
+        parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
+    optimizer = optax.chain(*parts, adam)
+    if config.grad_accum_steps > 1:
+        multi = optax.MultiSteps(optimizer, every_k_schedule=config.grad_accum_steps)
+        optimizer = multi.gradient_transformation()
+    return optimizer, schedule
