@@ -1,0 +1,29 @@
+"""Data for tfjax: embedded datasets, tokenizers and the grain batch pipeline.
+
+Submodules:
+  * `datasets`: the `data` config group → tokenized train and eval examples.
+  * `scan`: SCAN (Lake & Baroni 2018) generated from its grammar, with the standard splits.
+  * `tasks`: algorithmic tasks (copy, reverse, sort, parity, majority) from a seed.
+  * `tokenizers`: the word-level tokenizer and the special ids (PAD 0, BOS 1, EOS 2, UNK 3).
+  * `pipeline`: encoding to padded int32 examples, grain datasets and resumable iterators.
+
+Submodules load on first attribute access (`tfjax.data.scan`) or explicit import (`from
+tfjax.data import scan`): `scan`, `tasks` and `tokenizers` need only numpy, while `pipeline`
+imports grain, which itself imports jax, so it is only paid for when batches are wanted.
+"""
+
+import importlib
+
+_SUBMODULES = ("datasets", "pipeline", "scan", "tasks", "tokenizers")
+
+__all__ = list(_SUBMODULES)
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)
