@@ -1,0 +1,266 @@
+"""ml_collections config handling shared by the entry points (train, evaluate, sweep).
+
+A config is named by a spec, `path/to/file.py[:arg]`: the file is loaded as a module and its
+`get_config(arg)` called (STYLE.md §7). Command-line overrides `--config.a.b=value` are pulled
+out of argv by `split_config_overrides` before absl parses flags, then applied by
+`load_config`, which parses each value to the type of the field it replaces and rejects unknown
+keys with the closest valid ones. The returned config is locked: code cannot add keys later.
+"""
+
+import ast
+import difflib
+import importlib.util
+import json
+import os
+import pathlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import ml_collections
+
+_PREFIXES = ("--config.", "-config.")
+_TRUE = ("true", "1")
+_FALSE = ("false", "0")
+
+
+def _split_spec(spec: str) -> tuple[pathlib.Path, str | None]:
+    """`configs/base.py:cpu` -> (Path("configs/base.py"), "cpu"); no or empty arg -> None."""
+    path, _, arg = spec.partition(":")
+    return pathlib.Path(path), (arg or None)
+
+
+def load_module(spec: str) -> ModuleType:
+    """Loads the Python file of a config spec (the `:arg` part is ignored) as a module.
+
+    Raises:
+        FileNotFoundError: if the file does not exist.
+    """
+    path, _ = _split_spec(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} (from spec {spec!r}) not found")
+    name = "_tfjax_config_" + "".join(c if c.isalnum() else "_" for c in str(path.resolve()))
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # dataclasses and pickling look classes up by module name
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+    """Builds the config of `spec`, applies `overrides` in order and locks it.
+
+    Args:
+        spec: `path/to/file.py[:arg]`; calls `get_config(arg)`, or `get_config()` without arg.
+        overrides: `"a.b=value"` strings (`--config.a.b=value` without the `--config.` prefix).
+            Values are parsed to the field's type: int (also "1e5"), float, bool (true/false/
+            1/0), str, tuple/list ("1,2", "(1, 2)", "[1,2]"; "()" is empty); a field that is
+            None takes any Python literal (`ast.literal_eval`), else the raw string.
+
+    Returns:
+        The locked config.
+
+    Raises:
+        ValueError: for a file without `get_config`, an override without "=", an unknown key
+            (the message lists the valid keys at that level, closest first), a group given a
+            value, or a value that cannot be parsed as the field's type.
+        FileNotFoundError: if the file does not exist.
+    """
+    module = load_module(spec)
+    if not callable(getattr(module, "get_config", None)):
+        raise ValueError(f"config file {spec.partition(':')[0]!r} defines no get_config()")
+    _, arg = _split_spec(spec)
+    config = module.get_config(arg) if arg is not None else module.get_config()
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ValueError(
+            f"get_config of {spec!r} returned {type(config).__name__}, "
+            "expected ml_collections.ConfigDict"
+        )
+    for override in overrides:
+        apply_override(config, override)
+    config.lock()
+    return config
+
+
+def _unknown_key(key: str, prefix: str, part: str, keys: Sequence[str]) -> ValueError:
+    close = difflib.get_close_matches(part, keys, n=3, cutoff=0.6)
+    ordered = [*close, *sorted(k for k in keys if k not in close)]
+    where = f"under {prefix!r}" if prefix else "at the top level"
+    hint = f"did you mean {', '.join(repr(_join(prefix, k)) for k in close)}? " if close else ""
+    return ValueError(
+        f"unknown config key {key!r}; {hint}valid keys {where}: " + ", ".join(ordered)
+    )
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def apply_override(config: ml_collections.ConfigDict, override: str) -> None:
+    """Applies one `"a.b=value"` override in place (see `load_config` for the value syntax).
+
+    Raises:
+        ValueError: as described in `load_config`.
+    """
+    key, sep, raw = override.partition("=")
+    if not sep or not key:
+        raise ValueError(f"config override {override!r} is not of the form 'a.b=value'")
+    *parents, leaf = key.split(".")
+    node, prefix = config, ""
+    for part in parents:
+        if part not in node:
+            raise _unknown_key(key, prefix, part, list(node.keys()))
+        node, prefix = node[part], _join(prefix, part)
+        if not isinstance(node, ml_collections.ConfigDict):
+            raise ValueError(
+                f"config key {prefix!r} is not a group (type "
+                f"{type(node).__name__}); cannot set {key!r}"
+            )
+    if leaf not in node:
+        raise _unknown_key(key, prefix, leaf, list(node.keys()))
+    if isinstance(node[leaf], ml_collections.ConfigDict):
+        raise ValueError(
+            f"config key {key!r} is a group; override its fields instead: "
+            + ", ".join(_join(key, k) for k in node[leaf])
+        )
+    field_type = node.get_type(leaf)
+    node[leaf] = parse_value(key, raw, field_type, node[leaf])
+
+
+def parse_value(key: str, raw: str, field_type: type, current: Any = None) -> Any:
+    """Parses the string `raw` as a value of `field_type` (the type of config field `key`).
+
+    Args:
+        key: dotted key, for error messages.
+        raw: the text after "=".
+        field_type: the field's type (`ConfigDict.get_type`); NoneType accepts any literal.
+        current: the field's current value; for tuples/lists its elements give their type.
+
+    Returns:
+        The parsed value.
+
+    Raises:
+        ValueError: naming key, type and value when `raw` does not parse.
+    """
+    if field_type in (tuple, list):
+        return field_type(_parse_sequence(key, raw, current))
+    if field_type is type(None):
+        try:
+            return ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            return raw
+    return _parse_scalar(key, raw, field_type)
+
+
+def _parse_sequence(key: str, raw: str, current: Any) -> list:
+    text = raw.strip()
+    if text[:1] + text[-1:] in ("()", "[]"):
+        text = text[1:-1]
+    pieces = [piece.strip() for piece in text.split(",")]
+    if pieces and not pieces[-1]:  # "1," or "(1,)" or ""
+        pieces.pop()
+    types = {type(item) for item in current or ()}
+    element_type = types.pop() if len(types) == 1 else type(None)
+    return [parse_value(key, piece, element_type) for piece in pieces]
+
+
+def _parse_scalar(key: str, raw: str, field_type: type) -> Any:
+    text = raw.strip()
+    try:
+        if field_type is bool:
+            if text.lower() in _TRUE + _FALSE:
+                return text.lower() in _TRUE
+        elif field_type is int:
+            number = float(text) if any(c in text.lower() for c in ".e") else int(text)
+            if float(number).is_integer():
+                return int(number)
+        elif field_type is float:
+            return float(text)
+        elif field_type is str:
+            return raw
+        else:
+            return field_type(raw)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    raise ValueError(f"cannot parse {raw!r} as {field_type.__name__} for config key {key!r}")
+
+
+def split_config_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Takes every `--config.a.b=value` (or `--config.a.b value`) out of argv.
+
+    absl would reject these as unknown flags, so entry points call this before `app.run`.
+    Processing stops at a bare `--`; `--config=spec` itself stays in argv.
+
+    Args:
+        argv: the full argument list, program name first (e.g. `sys.argv`).
+
+    Returns:
+        (the remaining argv, ["a.b=value", ...] in command-line order).
+
+    Raises:
+        ValueError: if a `--config.a.b` without "=" is the last argument.
+    """
+    remaining, overrides = [], []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--":
+            remaining.extend([arg, *args])
+            break
+        prefix = next((p for p in _PREFIXES if arg.startswith(p)), None)
+        if prefix is None:
+            remaining.append(arg)
+            continue
+        override = arg[len(prefix) :]
+        if "=" not in override:
+            value = next(args, None)
+            if value is None:
+                raise ValueError(f"flag {arg} needs a value: {arg}=VALUE")
+            override = f"{override}={value}"
+        overrides.append(override)
+    return remaining, overrides
+
+
+def load_config_json(path: str | os.PathLike) -> ml_collections.ConfigDict:
+    """A run's resolved config as written to `workdir/config.json` before step 0, locked."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: is {path.parent} a tfjax workdir?")
+    config = ml_collections.ConfigDict(json.loads(path.read_text(encoding="utf-8")))
+    config.lock()
+    return config
+
+
+def get_sweep(spec: str, name: str) -> list[dict[str, object]]:
+    """The runs of sweep `name`: the config file's `get_sweep(name)`, validated.
+
+    Args:
+        spec: the config spec; its `:arg` part is ignored (a sweep never changes presets).
+        name: the sweep's name.
+
+    Returns:
+        One dict of dotted-key overrides per run.
+
+    Raises:
+        ValueError: if the file has no `get_sweep`, does not know `name` (the message lists
+            the sweeps of its `SWEEPS` dict when it has one), or returns something else than a
+            list of dicts with string keys.
+    """
+    module = load_module(spec)
+    path = spec.partition(":")[0]
+    if not callable(getattr(module, "get_sweep", None)):
+        raise ValueError(f"config file {path!r} defines no get_sweep(name)")
+    known = sorted(getattr(module, "SWEEPS", {}) or {})
+    try:
+        runs = module.get_sweep(name)
+    except (KeyError, ValueError) as err:
+        detail = f"choose one of: {', '.join(known)}" if known else str(err)
+        raise ValueError(f"unknown sweep {name!r} in {path!r}; {detail}") from err
+    if not isinstance(runs, list | tuple) or not all(
+        isinstance(run, dict) and all(isinstance(k, str) for k in run) for run in runs
+    ):
+        raise ValueError(
+            f"get_sweep({name!r}) of {path!r} must return a list of dicts of "
+            f"dotted-key overrides, got {runs!r}"
+        )
+    return [dict(run) for run in runs]

@@ -1,0 +1,287 @@
+"""Expand a config's sweep into training runs; print their commands or run them one by one.
+
+    python -m experiments.sweep --config=configs/base.py:cpu --sweep=lr \\
+        [--workdir=runs/sweeps] [--print] [--config.train.num_train_steps=500 ...]
+
+`get_sweep(NAME)` of the config file gives one dict of dotted-key overrides per run (STYLE.md
+§7). Each run trains in `ROOT/NAME/<run name>`, the run name being short and built from its
+overrides (`optim.learning_rate=0.5, model.num_layers=2` -> `lr0.5-layers2`), with the command
+
+    python -m experiments.train --config=SPEC --workdir=ROOT/NAME/RUN --config.a.b=v ...
+
+(overrides given to the sweep itself first, then the run's own). Every override is checked
+against the config before anything starts. `--print` prints one shell-quoted command per line
+for a cluster launcher. Otherwise the runs go one after another in this process's Python; a
+failed run is recorded and the next one starts. After each run `ROOT/NAME/summary.csv` and
+`summary.md` are rewritten with one row per run: its overrides, status, wall time, and the
+latest evaluation and train metrics from its `metrics.jsonl`. The exit status is 1 when a run
+failed. Rerunning the same sweep resumes each run from its checkpoints.
+"""
+
+import csv
+import dataclasses
+import functools
+import hashlib
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+from absl import app, flags
+
+from experiments import config_utils
+from tfjax import logger
+
+FLAGS = flags.FLAGS
+DEFAULT_ROOT = "runs/sweeps"
+TRAIN_MODULE = "experiments.train"
+# Short names for common fields in run names; other fields use their last key component.
+ABBREVIATIONS = {
+    "learning_rate": "lr",
+    "num_layers": "layers",
+    "num_encoder_layers": "enclayers",
+    "num_decoder_layers": "declayers",
+    "num_heads": "heads",
+    "num_kv_heads": "kvheads",
+    "embed_dim": "dim",
+    "mlp_dim": "mlp",
+    "dropout_rate": "dropout",
+    "warmup_steps": "warmup",
+    "global_batch_size": "bs",
+    "num_train_steps": "steps",
+    "weight_decay": "wd",
+    "label_smoothing": "ls",
+}
+_MAX_NAME_LEN = 100
+# The latest of either kind is the run's final evaluation (the trainer ends with "final_eval").
+_EVAL_KINDS = ("eval", "final_eval")
+
+
+@dataclasses.dataclass
+class Run:
+    """One run of a sweep.
+
+    Attributes:
+        name: directory name of the run, unique within the sweep.
+        workdir: the run's workdir, `ROOT/SWEEP/name`.
+        overrides: the run's own dotted-key overrides, as returned by `get_sweep`.
+        command: argv of the training command (starting with "python").
+    """
+
+    name: str
+    workdir: pathlib.Path
+    overrides: dict[str, object]
+    command: list[str]
+
+
+def format_value(value: object) -> str:
+    """A config value as `--config.a.b=` text that `config_utils.load_config` parses back."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(format_value(v) for v in value) if value else "()"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _sanitize(text: str) -> str:
+    text = re.sub(r"[^A-Za-z0-9._,=+-]+", "_", text)
+    if len(text) > _MAX_NAME_LEN:
+        digest = hashlib.sha1(text.encode()).hexdigest()[:8]
+        text = f"{text[: _MAX_NAME_LEN - 9]}-{digest}"
+    return text
+
+
+def _short_name(overrides: Mapping[str, object]) -> str:
+    parts = []
+    for key, value in overrides.items():
+        field = key.rsplit(".", 1)[-1]
+        parts.append(ABBREVIATIONS.get(field, field) + format_value(value))
+    return _sanitize("-".join(parts)) if parts else "default"
+
+
+def _long_name(overrides: Mapping[str, object]) -> str:
+    text = ",".join(f"{key}={format_value(value)}" for key, value in overrides.items())
+    return _sanitize(text) if text else "default"
+
+
+def run_names(sweep: Sequence[Mapping[str, object]]) -> list[str]:
+    """Unique directory names: short ones (`lr0.5-layers2`) unless two would collide.
+
+    Falls back to full `key=value,...` names for the whole sweep, and adds `-1`, `-2`, ... to
+    repeats of identical overrides.
+    """
+    names = [_short_name(overrides) for overrides in sweep]
+    if len(set(names)) < len(names):
+        names = [_long_name(overrides) for overrides in sweep]
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        count = seen.get(name, 0)
+        seen[name] = count + 1
+        unique.append(f"{name}-{count}" if count else name)
+    return unique
+
+
+def build_command(spec: str, workdir: pathlib.Path, overrides: Sequence[str]) -> list[str]:
+    """`python -m experiments.train --config=SPEC --workdir=DIR --config.a.b=v ...` as argv."""
+    return [
+        "python",
+        "-m",
+        TRAIN_MODULE,
+        f"--config={spec}",
+        f"--workdir={workdir}",
+        *(f"--config.{override}" for override in overrides),
+    ]
+
+
+def expand(
+    spec: str, sweep_name: str, common_overrides: Sequence[str], root: str | pathlib.Path
+) -> list[Run]:
+    """The runs of sweep `sweep_name` of the config file in `spec`.
+
+    Args:
+        spec: config spec `path/to/file.py[:preset]`, passed on to every run.
+        sweep_name: name given to the file's `get_sweep`.
+        common_overrides: `"a.b=value"` overrides for every run, applied before the run's own.
+        root: the sweep's runs go to `root/sweep_name/<run name>`.
+
+    Returns:
+        One `Run` per override dict, in the sweep's order.
+
+    Raises:
+        ValueError: for an unknown sweep, or an override the config rejects (checked for every
+            run before returning, so a typo fails before the first run starts).
+    """
+    sweep = config_utils.get_sweep(spec, sweep_name)
+    directory = pathlib.Path(root) / sweep_name
+    runs = []
+    for name, overrides in zip(run_names(sweep), sweep, strict=True):
+        own = [f"{key}={format_value(value)}" for key, value in overrides.items()]
+        config_utils.load_config(spec, [*common_overrides, *own])
+        workdir = directory / name
+        command = build_command(spec, workdir, [*common_overrides, *own])
+        runs.append(Run(name, workdir, dict(overrides), command))
+    return runs
+
+
+def summary_row(run: Run, status: str, seconds: float | None = None) -> dict[str, object]:
+    """A summary row: run name, status, overrides, wall time, latest eval and train metrics.
+
+    Metric columns are `eval/<name>` (latest "eval" or "final_eval" record, whichever comes
+    last) and `train/<name>` (latest "train" record), each with its `/step`.
+    """
+    row: dict[str, object] = {"run": run.name, "status": status}
+    row.update({key: format_value(value) for key, value in run.overrides.items()})
+    row["seconds"] = None if seconds is None else round(seconds, 1)
+    records = logger.read_metrics(run.workdir)
+    for prefix, kinds in (("eval", _EVAL_KINDS), ("train", ("train",))):
+        latest = next((r for r in reversed(records) if r.get("kind") in kinds), None)
+        if latest is not None:
+            row.update({f"{prefix}/{k}": v for k, v in latest.items() if k != "kind"})
+    return row
+
+
+def _columns(rows: Sequence[Mapping[str, object]]) -> list[str]:
+    return list(dict.fromkeys(key for row in rows for key in row))
+
+
+def _markdown_cell(value: object) -> str:
+    if value is None:
+        return ""
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return text.replace("|", "\\|")
+
+
+def write_summary(
+    rows: Sequence[Mapping[str, object]], directory: str | pathlib.Path
+) -> tuple[pathlib.Path, pathlib.Path]:
+    """Writes `summary.csv` (full precision) and `summary.md` (4 significant digits).
+
+    Args:
+        rows: one mapping per run; columns are the union of keys in first-seen order and
+            missing cells stay empty.
+        directory: created if missing.
+
+    Returns:
+        The paths of the CSV and markdown files.
+    """
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    columns = _columns(rows)
+    csv_path, md_path = directory / "summary.csv", directory / "summary.md"
+    with csv_path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_markdown_cell(row.get(c)) for c in columns) + " |")
+    md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return csv_path, md_path
+
+
+def _local_command(command: Sequence[str]) -> list[str]:
+    """Runs "python" commands with this interpreter (same virtual environment)."""
+    return [sys.executable, *command[1:]] if command[0] == "python" else list(command)
+
+
+def run_all(runs: Sequence[Run], directory: str | pathlib.Path) -> list[dict[str, object]]:
+    """Runs each command in turn, continuing past failures; rewrites the summary after each.
+
+    Returns:
+        The summary rows; `status` is "ok" or "failed (...)".
+    """
+    rows = []
+    for index, run in enumerate(runs, start=1):
+        print(f"[{index}/{len(runs)}] {run.name}: {shlex.join(run.command)}", flush=True)
+        start = time.perf_counter()
+        try:
+            returncode = subprocess.run(_local_command(run.command), check=False).returncode
+            status = "ok" if returncode == 0 else f"failed (exit {returncode})"
+        except OSError as err:
+            status = f"failed ({err})"
+        rows.append(summary_row(run, status, time.perf_counter() - start))
+        write_summary(rows, directory)
+    return rows
+
+
+def main(argv: Sequence[str], overrides: Sequence[str]) -> int:
+    """Prints or runs the sweep; returns 1 when a run failed."""
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    runs = expand(FLAGS.config, FLAGS.sweep, overrides, FLAGS.workdir)
+    if FLAGS.print:
+        for run in runs:
+            print(shlex.join(run.command))
+        return 0
+    directory = pathlib.Path(FLAGS.workdir) / FLAGS.sweep
+    rows = run_all(runs, directory)
+    failed = [row["run"] for row in rows if row["status"] != "ok"]
+    print(
+        f"summary: {directory / 'summary.md'} ({len(rows) - len(failed)} ok, "
+        f"{len(failed)} failed{': ' + ', '.join(map(str, failed)) if failed else ''})"
+    )
+    return 1 if failed else 0
+
+
+def _define_flags() -> None:
+    """Flags exist only when run as a script, so importing this module defines none."""
+    flags.DEFINE_string(
+        "config",
+        None,
+        "Config file with optional preset, e.g. "
+        "configs/base.py:cpu. Override fields with --config.a.b=value.",
+    )
+    flags.DEFINE_string("sweep", None, "Name passed to the config file's get_sweep().")
+    flags.DEFINE_string("workdir", DEFAULT_ROOT, "Root; runs go to ROOT/SWEEP/RUN.")
+    flags.DEFINE_bool("print", False, "Print one command per run and exit.")
+    flags.mark_flags_as_required(["config", "sweep"])
+
+
+if __name__ == "__main__":
+    _define_flags()
+    remaining, config_overrides = config_utils.split_config_overrides(sys.argv)
+    app.run(functools.partial(main, overrides=config_overrides), argv=remaining)

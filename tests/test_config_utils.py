@@ -1,0 +1,210 @@
+"""Tests for experiments/config_utils.py: loading specs, typed overrides, argv splitting."""
+
+import json
+import pathlib
+import textwrap
+
+import pytest
+
+from experiments import config_utils
+
+CONFIG_FILE = textwrap.dedent('''
+    """A small config for tests."""
+    import ml_collections
+    from ml_collections import config_dict
+
+    PRESETS = {"base": {}, "small": {"model.num_layers": 1, "optim.learning_rate": 0.5}}
+    SWEEPS = {"lr": [{"optim.learning_rate": v} for v in (0.1, 0.2)]}
+
+
+    def get_config(arg=None):
+        config = ml_collections.ConfigDict()
+        config.seed = 0
+        config.name = "run"
+        config.extra = None
+        config.placeholder = config_dict.placeholder(int)
+        config.model = {"num_layers": 6, "dropout_rate": 0.1, "use_bias": True,
+                        "dims": (4, 8), "names": ["a", "b"], "empty": ()}
+        config.optim = {"beta": 0.9, "learning_rate": 1.0, "learning_rate_min": 0.0,
+                        "warmup_steps": 4000}
+        config.update_from_flattened_dict(PRESETS[arg or "base"])
+        return config
+
+
+    def get_sweep(arg):
+        if arg not in SWEEPS:
+            raise ValueError(f"unknown sweep {arg!r}")
+        return SWEEPS[arg]
+''')
+
+
+@pytest.fixture
+def spec(tmp_path) -> str:
+    path = tmp_path / "small_config.py"
+    path.write_text(CONFIG_FILE)
+    return str(path)
+
+
+def test_presets(spec):
+    assert config_utils.load_config(spec).model.num_layers == 6
+    small = config_utils.load_config(spec + ":small")
+    assert (small.model.num_layers, small.optim.learning_rate) == (1, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "expected"),
+    [
+        ("seed=3", "seed", 3),
+        ("optim.warmup_steps=1e3", "optim.warmup_steps", 1000),
+        ("optim.learning_rate=3e-4", "optim.learning_rate", 3e-4),
+        ("optim.learning_rate=2", "optim.learning_rate", 2.0),
+        ("model.use_bias=false", "model.use_bias", False),
+        ("model.use_bias=True", "model.use_bias", True),
+        ("model.use_bias=0", "model.use_bias", False),
+        ("model.use_bias=1", "model.use_bias", True),
+        ("name=a=b", "name", "a=b"),
+        ("model.dims=1,2,3", "model.dims", (1, 2, 3)),
+        ("model.dims=(16, 32)", "model.dims", (16, 32)),
+        ("model.dims=[5]", "model.dims", (5,)),
+        ("model.dims=()", "model.dims", ()),
+        ("model.names=x,y", "model.names", ["x", "y"]),
+        ("model.empty=1,2", "model.empty", (1, 2)),
+        ("extra=[1, 2]", "extra", [1, 2]),
+        ("extra=0.5", "extra", 0.5),
+        ("extra=hello", "extra", "hello"),
+        ("placeholder=7", "placeholder", 7),
+    ],
+)
+def test_override_types(spec, override, key, expected):
+    config = config_utils.load_config(spec, [override])
+    value = config
+    for part in key.split("."):
+        value = value[part]
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+def test_overrides_apply_in_order_after_preset(spec):
+    config = config_utils.load_config(spec + ":small", ["model.num_layers=3", "model.num_layers=4"])
+    assert config.model.num_layers == 4
+
+
+def test_unknown_key_lists_close_matches_first(spec):
+    with pytest.raises(ValueError) as info:
+        config_utils.load_config(spec, ["optim.learnng_rate=1"])
+    message = str(info.value)
+    assert message.startswith(
+        "unknown config key 'optim.learnng_rate'; did you mean 'optim.learning_rate'"
+    )
+    assert message.endswith(
+        "valid keys under 'optim': learning_rate, learning_rate_min, beta, warmup_steps"
+    )
+
+
+def test_unknown_top_level_key(spec):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown config key 'modle\.num_layers'; did you mean 'model'.*at the top level",
+    ):
+        config_utils.load_config(spec, ["modle.num_layers=2"])
+    with pytest.raises(ValueError, match=r"^unknown config key 'zzz'; valid keys at the top"):
+        config_utils.load_config(spec, ["zzz=2"])
+
+
+@pytest.mark.parametrize(
+    ("override", "pattern"),
+    [
+        (
+            "optim.warmup_steps=1.5",
+            r"cannot parse '1.5' as int for config key 'optim.warmup_steps'",
+        ),
+        ("optim.learning_rate=fast", r"cannot parse 'fast' as float for .*'optim.learning_rate'"),
+        ("model.use_bias=yes", r"cannot parse 'yes' as bool for config key 'model.use_bias'"),
+        ("model.dims=1,x", r"cannot parse 'x' as int for config key 'model.dims'"),
+        ("model=3", r"'model' is a group"),
+        ("seed.x=3", r"'seed' is not a group \(type int\); cannot set 'seed.x'"),
+        ("seed", r"not of the form"),
+    ],
+)
+def test_bad_override_messages(spec, override, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        config_utils.load_config(spec, [override])
+
+
+def test_config_is_locked(spec):
+    config = config_utils.load_config(spec)
+    assert config.is_locked
+    with pytest.raises(AttributeError):
+        config.new_field = 1
+    with pytest.raises(AttributeError):
+        config.model.new_field = 1
+
+
+def test_missing_file_and_get_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nope\.py"):
+        config_utils.load_config(str(tmp_path / "nope.py"))
+    empty = tmp_path / "empty.py"
+    empty.write_text("X = 1\n")
+    with pytest.raises(ValueError, match="defines no get_config"):
+        config_utils.load_config(str(empty))
+    with pytest.raises(ValueError, match="defines no get_sweep"):
+        config_utils.get_sweep(str(empty), "lr")
+
+
+def test_repository_config_loads_with_overrides():
+    root = pathlib.Path(__file__).resolve().parents[1]
+    config = config_utils.load_config(
+        str(root / "configs" / "base.py") + ":tiny",
+        ["train.num_train_steps=3", "optim.learning_rate=0.5"],
+    )
+    assert (config.train.num_train_steps, config.optim.learning_rate) == (3, 0.5)
+    assert config.is_locked
+
+
+@pytest.mark.parametrize(
+    ("argv", "remaining", "overrides"),
+    [
+        (
+            ["prog", "--config=c.py:tiny", "--workdir=w"],
+            ["prog", "--config=c.py:tiny", "--workdir=w"],
+            [],
+        ),
+        (
+            ["prog", "--config.a.b=1", "--config=c.py", "--config.c", "x y", "-config.d=-1"],
+            ["prog", "--config=c.py"],
+            ["a.b=1", "c=x y", "d=-1"],
+        ),
+        (["prog", "--config.a=1", "--", "--config.b=2"], ["prog", "--", "--config.b=2"], ["a=1"]),
+    ],
+)
+def test_split_config_overrides(argv, remaining, overrides):
+    assert config_utils.split_config_overrides(argv) == (remaining, overrides)
+
+
+def test_split_config_overrides_needs_a_value():
+    with pytest.raises(ValueError, match="needs a value"):
+        config_utils.split_config_overrides(["prog", "--config.a.b"])
+
+
+def test_load_config_json_round_trips_the_trainer_file(spec, tmp_path):
+    from tfjax import trainer
+
+    config = config_utils.load_config(spec)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(trainer.config_dict(config)))
+    restored = config_utils.load_config_json(path)
+    assert restored.model.dims == [4, 8]
+    assert restored.optim.learning_rate == config.optim.learning_rate
+    with pytest.raises(AttributeError):
+        restored.new_field = 1  # locked
+    with pytest.raises(FileNotFoundError, match="tfjax workdir"):
+        config_utils.load_config_json(tmp_path / "missing.json")
+
+
+def test_get_sweep(spec):
+    assert config_utils.get_sweep(spec + ":small", "lr") == [
+        {"optim.learning_rate": 0.1},
+        {"optim.learning_rate": 0.2},
+    ]
+    with pytest.raises(ValueError, match=r"unknown sweep 'nope' .*choose one of: lr$"):
+        config_utils.get_sweep(spec, "nope")

@@ -1,0 +1,238 @@
+"""Tests for experiments/sweep.py: run expansion, printed commands, the run loop, summaries.
+
+`experiments.train` is never started here: the run loop runs a fake command instead.
+"""
+
+import csv
+import json
+import pathlib
+import shlex
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from experiments import sweep
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+CONFIG_FILE = textwrap.dedent('''
+    """A small config with sweeps, for tests."""
+    import ml_collections
+
+    SWEEPS = {
+        "lr": [{"optim.learning_rate": v} for v in (0.5, 2.0)],
+        "grid": [{"optim.learning_rate": lr, "model.num_layers": n}
+                 for lr in (0.5, 1.0) for n in (1, 2)],
+        "clash": [{"model.dims": (1, 2)}, {"data.dims": (1, 2)}],
+        "bad": [{"optim.learnng_rate": 1.0}],
+        "repeat": [{}, {}],
+    }
+
+
+    def get_config(arg=None):
+        config = ml_collections.ConfigDict()
+        config.model = {"num_layers": 6, "dims": (4, 8)}
+        config.data = {"dims": (4,)}
+        config.optim = {"learning_rate": 1.0, "warmup_steps": 100}
+        if arg == "tiny":
+            config.model.num_layers = 1
+        return config
+
+
+    def get_sweep(arg):
+        return SWEEPS[arg]
+''')
+
+
+@pytest.fixture
+def spec(tmp_path) -> str:
+    path = tmp_path / "sweep_config.py"
+    path.write_text(CONFIG_FILE)
+    return f"{path}:tiny"
+
+
+def test_expand_names_workdirs_and_commands(spec, tmp_path):
+    runs = sweep.expand(spec, "grid", ["optim.warmup_steps=10"], tmp_path / "root")
+    assert [run.name for run in runs] == [
+        "lr0.5-layers1",
+        "lr0.5-layers2",
+        "lr1.0-layers1",
+        "lr1.0-layers2",
+    ]
+    run = runs[1]
+    assert run.workdir == tmp_path / "root" / "grid" / "lr0.5-layers2"
+    assert run.overrides == {"optim.learning_rate": 0.5, "model.num_layers": 2}
+    assert run.command == [
+        "python",
+        "-m",
+        "experiments.train",
+        f"--config={spec}",
+        f"--workdir={run.workdir}",
+        "--config.optim.warmup_steps=10",
+        "--config.optim.learning_rate=0.5",
+        "--config.model.num_layers=2",
+    ]
+
+
+def test_expand_falls_back_to_unique_long_names(spec, tmp_path):
+    assert [run.name for run in sweep.expand(spec, "clash", [], tmp_path)] == [
+        "model.dims=1,2",
+        "data.dims=1,2",
+    ]
+    assert [run.name for run in sweep.expand(spec, "repeat", [], tmp_path)] == [
+        "default",
+        "default-1",
+    ]
+
+
+def test_expand_rejects_bad_keys_before_running(spec, tmp_path):
+    with pytest.raises(ValueError, match=r"did you mean 'optim\.learning_rate'"):
+        sweep.expand(spec, "bad", [], tmp_path)
+    with pytest.raises(ValueError, match=r"unknown config key 'optim\.nope'"):
+        sweep.expand(spec, "lr", ["optim.nope=1"], tmp_path)
+    with pytest.raises(ValueError, match="unknown sweep 'missing'"):
+        sweep.expand(spec, "missing", [], tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0.5, "0.5"),
+        (1e-4, "0.0001"),
+        (3, "3"),
+        (True, "true"),
+        ((1, 2), "1,2"),
+        ((), "()"),
+        ("adam", "adam"),
+    ],
+)
+def test_format_value(value, text):
+    assert sweep.format_value(value) == text
+
+
+def test_print_cli_prints_quoted_commands(spec, tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.sweep",
+            f"--config={spec}",
+            "--sweep=lr",
+            f"--workdir={tmp_path}",
+            "--print",
+            "--config.optim.warmup_steps",
+            "5",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2
+    argv = shlex.split(lines[1])
+    assert argv[:3] == ["python", "-m", "experiments.train"]
+    assert argv[3:] == [
+        f"--config={spec}",
+        f"--workdir={tmp_path / 'lr' / 'lr2.0'}",
+        "--config.optim.warmup_steps=5",
+        "--config.optim.learning_rate=2.0",
+    ]
+    assert not (tmp_path / "lr").exists()
+
+
+def test_help_works():
+    # absl's --help exits with status 1 after printing the flags.
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.sweep", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "--sweep" in result.stdout and "--print" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def _write_metrics(workdir: pathlib.Path, records: list[dict]) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps(record) for record in records]
+    (workdir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_summary_rows_use_latest_eval_and_train(spec, tmp_path):
+    run = sweep.expand(spec, "lr", [], tmp_path)[0]
+    _write_metrics(
+        run.workdir,
+        [
+            {"step": 2, "kind": "train", "loss": 3.0},
+            {"step": 4, "kind": "eval", "loss": 2.5, "accuracy": 0.1},
+            {"step": 4, "kind": "train", "loss": 2.0},
+            {"step": 6, "kind": "final_eval", "loss": 1.5, "accuracy": 0.4},
+        ],
+    )
+    row = sweep.summary_row(run, "ok", 12.34)
+    assert row == {
+        "run": "lr0.5",
+        "status": "ok",
+        "optim.learning_rate": "0.5",
+        "seconds": 12.3,
+        "eval/step": 6,
+        "eval/loss": 1.5,
+        "eval/accuracy": 0.4,
+        "train/step": 4,
+        "train/loss": 2.0,
+    }
+
+
+def test_write_summary_csv_and_markdown(tmp_path):
+    rows = [
+        {"run": "lr0.5", "status": "ok", "eval/loss": 1.234567, "train/step": 6},
+        {"run": "lr2.0", "status": "failed (exit 1)", "note": "a|b"},
+    ]
+    csv_path, md_path = sweep.write_summary(rows, tmp_path / "out")
+    with csv_path.open() as handle:
+        table = list(csv.DictReader(handle))
+    assert list(table[0]) == ["run", "status", "eval/loss", "train/step", "note"]
+    assert table[0]["eval/loss"] == "1.234567" and table[1]["eval/loss"] == ""
+    assert md_path.read_text().splitlines() == [
+        "| run | status | eval/loss | train/step | note |",
+        "|---|---|---|---|---|",
+        "| lr0.5 | ok | 1.235 | 6 |  |",
+        "| lr2.0 | failed (exit 1) |  |  | a\\|b |",
+    ]
+
+
+# Writes metrics like the trainer would; fails for learning rate 2.0.
+FAKE_TRAIN = textwrap.dedent("""
+    import json, pathlib, sys
+    workdir, overrides = pathlib.Path(sys.argv[1]), sys.argv[2:]
+    workdir.mkdir(parents=True, exist_ok=True)
+    lr = float(overrides[-1].split("=")[1])
+    with open(workdir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 4, "kind": "train", "loss": 1.0 / lr}) + "\\n")
+        if lr == 2.0:
+            sys.exit(3)
+        f.write(json.dumps({"step": 4, "kind": "eval", "accuracy": lr / 2}) + "\\n")
+""")
+
+
+def test_run_all_continues_past_failures(spec, tmp_path, monkeypatch, capsys):
+    def fake_command(spec, workdir, overrides):
+        return [sys.executable, "-c", FAKE_TRAIN, str(workdir), *overrides]
+
+    monkeypatch.setattr(sweep, "build_command", fake_command)
+    runs = sweep.expand(spec, "lr", [], tmp_path)
+    rows = sweep.run_all(runs, tmp_path / "lr")
+    assert [(row["run"], row["status"]) for row in rows] == [
+        ("lr0.5", "ok"),
+        ("lr2.0", "failed (exit 3)"),
+    ]
+    assert rows[0]["eval/accuracy"] == 0.25 and rows[0]["train/loss"] == 2.0
+    assert rows[1]["train/loss"] == 0.5 and "eval/accuracy" not in rows[1]
+    with (tmp_path / "lr" / "summary.csv").open() as handle:
+        table = list(csv.DictReader(handle))
+    assert [row["status"] for row in table] == ["ok", "failed (exit 3)"]
+    assert "[2/2] lr2.0" in capsys.readouterr().out

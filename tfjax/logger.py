@@ -1,0 +1,303 @@
+"""Run logging: metrics to `metrics.jsonl` and TensorBoard, and a progress display for the loop.
+
+`MetricWriter` appends one JSON object per line to `workdir/metrics.jsonl`,
+`{"step": 1200, "kind": "train", "loss": 1.234, ...}`, and mirrors each value as a TensorBoard
+scalar under `workdir/tensorboard` (tag `"{kind}/{name}"`). Non-finite floats are written as the
+JSON strings `"nan"`, `"inf"` and `"-inf"` (strict JSON has no NaN); `read_metrics` turns them
+back into floats. `Progress` shows step, loss, learning rate, tokens/s and ETA: a tqdm bar on a
+terminal, plain `logging` lines otherwise (log files, TPU job logs).
+
+Importing this module is cheap and has no side effects: tensorboardX and tqdm are imported when
+first needed, and nothing here configures logging handlers (that is the entry point's job).
+"""
+
+import datetime
+import json
+import logging
+import math
+import numbers
+import operator
+import os
+import pathlib
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, SupportsFloat, SupportsIndex
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+_RESERVED_KEYS = ("step", "kind")
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _json_value(name: str, value: SupportsFloat) -> int | float | str:
+    """A metric as a strict-JSON value: ints stay ints, non-finite floats become strings."""
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"metric {name!r} is not a number: {value!r}") from err
+    if math.isfinite(number):
+        return number
+    return "nan" if math.isnan(number) else ("inf" if number > 0 else "-inf")
+
+
+class MetricWriter:
+    """Writes scalar metrics to `workdir/metrics.jsonl` and TensorBoard event files.
+
+    Files are opened on the first write, so a writer that never writes creates nothing. On
+    processes other than 0 of a multi-host run pass `enabled=False`: every method is then a
+    no-op. Usable as a context manager (closes on exit).
+    """
+
+    def __init__(self, workdir: str | os.PathLike, *, enabled: bool = True):
+        """Initialises the writer.
+
+        Args:
+            workdir: run directory; created on the first write if missing.
+            enabled: False makes every method a no-op (non-chief processes).
+        """
+        self.workdir = pathlib.Path(workdir)
+        self.enabled = enabled
+        self._file: Any = None
+        self._tensorboard: Any = None
+
+    @property
+    def path(self) -> pathlib.Path:
+        """The JSON-lines file metrics are appended to."""
+        return self.workdir / METRICS_FILE
+
+    def write(self, step: SupportsIndex, kind: str, metrics: Mapping[str, SupportsFloat]) -> None:
+        """Appends `{"step": step, "kind": kind, **metrics}` as one line and as TB scalars.
+
+        Args:
+            step: training step the metrics belong to (an int, numpy or 0-d jax integer).
+            kind: metric group, e.g. "train", "eval" or "final_eval"; TB tags are `kind/name`.
+            metrics: scalar values (Python or numpy numbers, 0-d arrays). Integers are written
+                as JSON integers; nan/inf as the strings "nan"/"inf"/"-inf".
+
+        Raises:
+            ValueError: if a metric is named "step" or "kind".
+            TypeError: if a value is not a number.
+        """
+        if not self.enabled:
+            return
+        clash = [key for key in _RESERVED_KEYS if key in metrics]
+        if clash:
+            raise ValueError(f"metric names {clash} clash with the reserved keys {_RESERVED_KEYS}")
+        values = {name: _json_value(name, value) for name, value in metrics.items()}
+        step = operator.index(step)
+        record = {"step": step, "kind": kind, **values}
+        handle = self._jsonl()
+        handle.write(json.dumps(record, allow_nan=False) + "\n")
+        handle.flush()
+        tensorboard = self._tensorboard_writer()
+        for name, value in values.items():
+            scalar = _NON_FINITE[value] if isinstance(value, str) else value
+            tensorboard.add_scalar(f"{kind}/{name}", scalar, global_step=step)
+        tensorboard.flush()
+
+    def write_text(self, step: SupportsIndex, tag: str, text: str) -> None:
+        """Writes `text` (e.g. sample decodes, markdown allowed) to TensorBoard under `tag`."""
+        if not self.enabled:
+            return
+        tensorboard = self._tensorboard_writer()
+        tensorboard.add_text(tag, text, global_step=operator.index(step))
+        tensorboard.flush()
+
+    def close(self) -> None:
+        """Flushes and closes the files; a later write opens them again."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+
+    def __enter__(self) -> "MetricWriter":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _jsonl(self) -> Any:
+        """The open metrics file; starts on a fresh line after a run killed mid-write."""
+        if self._file is None:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            needs_newline = False
+            if self.path.exists() and self.path.stat().st_size > 0:
+                with self.path.open("rb") as existing:
+                    existing.seek(-1, os.SEEK_END)
+                    needs_newline = existing.read(1) != b"\n"
+            self._file = self.path.open("a", encoding="utf-8")
+            if needs_newline:
+                self._file.write("\n")
+        return self._file
+
+    def _tensorboard_writer(self) -> Any:
+        if self._tensorboard is None:
+            import tensorboardX  # lazy: keeps `import tfjax.logger` cheap
+
+            self._tensorboard = tensorboardX.SummaryWriter(str(self.workdir / TENSORBOARD_DIR))
+        return self._tensorboard
+
+
+def _decode_record(record: dict) -> dict:
+    return {
+        key: _NON_FINITE.get(value, value) if isinstance(value, str) and key != "kind" else value
+        for key, value in record.items()
+    }
+
+
+def read_metrics(workdir: str | os.PathLike, kind: str | None = None) -> list[dict]:
+    """Reads the records of `workdir/metrics.jsonl`, oldest first.
+
+    A line cut short by a killed run is skipped: silently when it is the last line, with a
+    warning when a resumed run has written after it. "nan"/"inf"/"-inf" strings become floats.
+
+    Args:
+        workdir: run directory.
+        kind: if given, only records of this kind (e.g. "eval").
+
+    Returns:
+        One dict per record, with "step" and "kind" keys; empty if the file does not exist.
+    """
+    path = pathlib.Path(workdir) / METRICS_FILE
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number != len(lines):
+                log.warning("%s:%d: skipping a truncated line", path, number)
+            continue
+        if kind is None or record.get("kind") == kind:
+            records.append(_decode_record(record))
+    return records
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def _format_eta(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    return str(datetime.timedelta(seconds=round(max(seconds, 0.0))))
+
+
+# (label, metric names tried in order, format) of the values `Progress` shows.
+_PROGRESS_FIELDS = (
+    ("loss", ("loss",), "{:.3f}"),
+    ("lr", ("learning_rate", "lr"), "{:.1e}"),
+    ("tokens/s", ("tokens_per_second",), "{:,.0f}"),
+)
+
+
+def _fields(metrics: Mapping[str, SupportsFloat]) -> list[str]:
+    """`["loss 1.234", "lr 3.1e-04", "tokens/s 2,345"]` for the metrics that are present."""
+    out = []
+    for label, names, spec in _PROGRESS_FIELDS:
+        name = next((name for name in names if name in metrics), None)
+        if name is not None:
+            out.append(f"{label} {spec.format(float(metrics[name]))}")
+    return out
+
+
+class Progress:
+    """Progress of a training loop: step, loss, learning rate, tokens/s and ETA.
+
+    On a terminal (`stream.isatty()`) a tqdm bar whose postfix carries loss, lr and tokens/s (the
+    bar itself shows step/total and the remaining time). Elsewhere one `logging` INFO line per
+    `update`, e.g. `step 1200/5000 loss 1.234 lr 3.1e-04 tokens/s 2,345 eta 0:03:12`; those
+    lines go to this module's logger (under "tfjax"), not to `stream`. The ETA uses the average
+    steps/s since this object was created, so a resumed run does not count the restored steps.
+    """
+
+    def __init__(
+        self,
+        total_steps: int,
+        *,
+        initial_step: int = 0,
+        enabled: bool = True,
+        stream: Any = None,
+        use_bar: bool | None = None,
+    ):
+        """Initialises the display.
+
+        Args:
+            total_steps: the step the run ends at.
+            initial_step: the step the run starts (or resumes) from.
+            enabled: False makes every method a no-op (non-chief processes).
+            stream: where the bar is drawn; default `sys.stderr`.
+            use_bar: force the tqdm bar (True) or log lines (False); default: bar iff
+                `stream` is a terminal.
+        """
+        self.total_steps = total_steps
+        self.initial_step = initial_step
+        self.enabled = enabled
+        self._stream = sys.stderr if stream is None else stream
+        self._use_bar = _isatty(self._stream) if use_bar is None else use_bar
+        self._start = time.perf_counter()
+        self._bar: Any = None
+        if enabled and self._use_bar:
+            import tqdm  # lazy: keeps `import tfjax.logger` cheap
+
+            # smoothing=0: tqdm's rate is then the average since start, (n - initial) / elapsed.
+            self._bar = tqdm.tqdm(
+                total=total_steps,
+                initial=initial_step,
+                file=self._stream,
+                unit="step",
+                smoothing=0,
+                dynamic_ncols=True,
+            )
+
+    def eta_seconds(self, step: int) -> float | None:
+        """Seconds left at the average rate since start; None before any step was measured."""
+        done = step - self.initial_step
+        elapsed = time.perf_counter() - self._start
+        if done <= 0 or elapsed <= 0:
+            return None
+        return (self.total_steps - step) * elapsed / done
+
+    def update(self, step: SupportsIndex, metrics: Mapping[str, SupportsFloat]) -> None:
+        """Shows `step` and the metrics named loss, learning_rate and tokens_per_second.
+
+        Args:
+            step: the step just completed.
+            metrics: host-side scalars; missing names are left out of the display.
+        """
+        if not self.enabled:
+            return
+        step = operator.index(step)
+        fields = _fields(metrics)
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
+            self._bar.set_postfix_str(" ".join(fields), refresh=True)
+            return
+        eta = _format_eta(self.eta_seconds(step))
+        log.info("%s", " ".join([f"step {step}/{self.total_steps}", *fields, f"eta {eta}"]))
+
+    def close(self) -> None:
+        """Closes the bar (a no-op in log-line mode)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
