@@ -15,12 +15,14 @@ _SUBMODULES = (
     "data",
     "decoding",
     "layers",
+    "logger",
     "losses",
     "masking",
     "models",
     "optim",
     "parallel",
     "positional",
+    "trainer",
     "training",
 )
 

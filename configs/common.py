@@ -1,0 +1,58 @@
+"""Config groups shared by every experiment file; defaults come from the library's dataclasses.
+
+Each group is 1:1 with the dataclass that consumes it (`ModelConfig(**config.model)`,
+`OptimConfig(**config.optim)`, `DataConfig(**config.data)`), so no field is copied by hand and
+every key exists in the file (STYLE.md §7).
+"""
+
+import dataclasses
+
+import ml_collections
+
+from tfjax import models, optim
+from tfjax.data import datasets
+
+
+def base_config(
+    *, model: dict, data: dict, optim_overrides: dict | None = None, train: dict | None = None
+) -> ml_collections.ConfigDict:
+    """A full run config: seed, model, data, optim, train, parallel."""
+    config = ml_collections.ConfigDict()
+    config.seed = 0
+    model_fields = dataclasses.asdict(models.ModelConfig())
+    model_fields["vocab_size"] = 0  # 0 = the size of the tokenizer built from the data
+    config.model = {**model_fields, **model}
+    config.data = {**dataclasses.asdict(datasets.DataConfig()), **data}
+    config.optim = {**dataclasses.asdict(optim.OptimConfig()), **(optim_overrides or {})}
+    config.train = {
+        "num_train_steps": 100_000,
+        "global_batch_size": 64,
+        "eval_batch_size": 256,
+        "label_smoothing": 0.1,
+        "log_every_steps": 100,
+        "eval_every_steps": 1000,
+        "max_eval_examples": 0,  # examples per periodic eval (0 = all); the final eval uses all
+        "checkpoint_every_steps": 1000,
+        "keep_checkpoints": 3,
+        **(train or {}),
+    }
+    config.parallel = {"mode": "pmap", "fsdp": 1, "distributed": False}
+    return config
+
+
+def apply_preset(
+    config: ml_collections.ConfigDict, presets: dict[str, dict], arg: str | None
+) -> ml_collections.ConfigDict:
+    """Applies the dotted-key overrides of preset `arg` (default "base")."""
+    name = arg or "base"
+    if name not in presets:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(presets)}")
+    config.update_from_flattened_dict(presets[name])
+    return config
+
+
+def get_sweep(sweeps: dict[str, list[dict]], arg: str | None) -> list[dict]:
+    """The list of dotted-key override dicts of sweep `arg`."""
+    if arg not in sweeps:
+        raise ValueError(f"unknown sweep {arg!r}; choose one of {sorted(sweeps)}")
+    return sweeps[arg]

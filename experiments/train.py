@@ -1,0 +1,53 @@
+"""Train a model: `python -m experiments.train --config=configs/base.py:cpu [--workdir=DIR]`.
+
+Any config field can be overridden with `--config.a.b=value` (unknown keys fail with the list of
+valid ones). `--workdir` defaults to `runs/<config file stem>_<preset>` under the current
+directory; rerunning the same command with the same workdir resumes from its latest checkpoint.
+"""
+
+import logging
+import pathlib
+import sys
+
+from absl import app, flags
+from absl import logging as absl_logging
+
+from experiments import config_utils
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("config", "configs/base.py", "Config file, optionally with :preset.")
+flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config>_<preset>).")
+
+
+def default_workdir(spec: str) -> pathlib.Path:
+    """runs/<file stem>_<preset>, e.g. configs/base.py:cpu -> runs/base_cpu."""
+    path, _, preset = spec.partition(":")
+    return pathlib.Path("runs") / f"{pathlib.Path(path).stem}_{preset or 'base'}"
+
+
+def main(argv, overrides):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes at INFO
+    logging.getLogger("tfjax").setLevel(logging.INFO)
+    config = config_utils.load_config(FLAGS.config, overrides)
+    if config.parallel.distributed:
+        from tfjax import parallel
+
+        parallel.initialize_distributed()
+    import jax
+
+    from tfjax import trainer
+
+    workdir = pathlib.Path(FLAGS.workdir) if FLAGS.workdir else default_workdir(FLAGS.config)
+    if jax.process_index() == 0:
+        print(f"workdir: {workdir.resolve()}  (rerun the same command to resume)", flush=True)
+        print(f"devices: {jax.device_count()} x {jax.devices()[0].platform}", flush=True)
+    result = trainer.train_and_evaluate(config, workdir)
+    if jax.process_index() == 0 and result:
+        print("final eval: " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(result.items())))
+
+
+if __name__ == "__main__":
+    remaining, config_overrides = config_utils.split_config_overrides(sys.argv)
+    app.run(lambda argv: main(argv, config_overrides), argv=remaining)

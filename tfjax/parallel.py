@@ -1,0 +1,164 @@
+"""Data parallelism in one place: `jax.pmap` over local devices, or `jax.jit` on a device mesh.
+
+Both strategies wrap the same pure `train_step(state, batch, rng, axis_name=None)`; nothing else
+in tfjax knows which one runs (STYLE.md §9).
+- "pmap" (default): the state is replicated on every local device, each device takes B / n rows
+  of the host's batch, gradients are summed over the "batch" axis inside the step.
+- "sharded": one jitted program over a `Mesh` with axes ("data", "fsdp"); the batch is split
+  over all devices, parameters are replicated or, with an fsdp axis > 1, sharded along their
+  largest divisible dimension (ZeRO-3 / FSDP style: Rajbhandari et al. 2020).
+Multi-host: `initialize_distributed` calls `jax.distributed.initialize()`; every host feeds its
+own slice of the global batch (the per-host batch size is global / process_count).
+"""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MODES = ("pmap", "sharded")
+AXIS_NAME = "batch"
+
+
+def initialize_distributed() -> None:
+    """Joins a multi-host job (TPU pods, multi-node GPU); call before any other jax call."""
+    jax.distributed.initialize()
+
+
+def host_batch_size(global_batch_size: int) -> int:
+    """Rows this host loads: the global batch split evenly over processes and local devices."""
+    hosts, local = jax.process_count(), jax.local_device_count()
+    if global_batch_size % (hosts * local):
+        raise ValueError(
+            f"train.global_batch_size={global_batch_size} must be divisible by the number of "
+            f"devices ({hosts} hosts x {local} local devices = {hosts * local})"
+        )
+    return global_batch_size // hosts
+
+
+class Pmap:
+    """Replicated state, batch split over devices, `lax.psum` in the step.
+
+    Arrays are global `jax.Array`s with a leading device axis, laid out on a 1-D mesh over all
+    devices; each host only touches its addressable shards, so this also runs multi-host.
+    """
+
+    def __init__(self):
+        self.local_devices = jax.local_devices()
+        self.mesh = Mesh(np.array(jax.devices()), (AXIS_NAME,))
+        self.sharding = NamedSharding(self.mesh, PartitionSpec(AXIS_NAME))
+
+    def put_state(self, state: Any) -> Any:
+        """One copy of every leaf per device: [n_devices, ...]."""
+
+        def replicate(x):
+            x = jnp.asarray(x)
+            shards = [jax.device_put(x[None], d) for d in self.local_devices]
+            return jax.make_array_from_single_device_arrays(
+                (jax.device_count(), *x.shape), self.sharding, shards
+            )
+
+        return jax.tree.map(replicate, state)
+
+    def host_state(self, state: Any) -> Any:
+        """The first local replica, for checkpointing and evaluation."""
+        return jax.tree.map(_first_replica, state)
+
+    def put_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        n = len(self.local_devices)
+
+        def split(x):
+            if x.shape[0] % n:
+                raise ValueError(f"batch of {x.shape[0]} rows does not split over {n} devices")
+            local = x.reshape(n, x.shape[0] // n, *x.shape[1:])  # [n, B / n, ...]
+            return jax.make_array_from_process_local_data(self.sharding, local)
+
+        return jax.tree.map(split, batch)
+
+    def compile_train_step(self, train_step: Callable, abstract_state: Any) -> Callable:
+        del abstract_state
+        step = jax.pmap(
+            functools.partial(train_step, axis_name=AXIS_NAME),
+            axis_name=AXIS_NAME,
+            in_axes=(0, 0, None),
+            donate_argnums=(0,),
+        )
+
+        def run(state, batch, rng):
+            state, metrics = step(state, batch, rng)
+            return state, jax.tree.map(_first_replica, metrics)
+
+        return run
+
+
+def _first_replica(x: jax.Array) -> jax.Array:
+    return x.addressable_shards[0].data[0]
+
+
+def _fsdp_spec(shape: tuple[int, ...], fsdp: int) -> PartitionSpec:
+    """Shards the largest dimension divisible by the fsdp axis; replicates small arrays."""
+    if fsdp <= 1 or not shape or int(np.prod(shape)) < 2**14:
+        return PartitionSpec()
+    for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
+        if shape[dim] % fsdp == 0:
+            spec = [None] * len(shape)
+            spec[dim] = "fsdp"
+            return PartitionSpec(*spec)
+    return PartitionSpec()
+
+
+class Sharded:
+    """`jax.jit` with `NamedSharding`: batch over ("data", "fsdp"), parameters over "fsdp"."""
+
+    def __init__(self, fsdp: int = 1):
+        devices = jax.devices()
+        if fsdp < 1 or len(devices) % fsdp:
+            raise ValueError(f"parallel.fsdp={fsdp} must divide the device count {len(devices)}")
+        self.fsdp = fsdp
+        self.mesh = Mesh(np.array(devices).reshape(-1, fsdp), ("data", "fsdp"))
+        self.replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.batch_sharding = NamedSharding(self.mesh, PartitionSpec(("data", "fsdp")))
+        self.state_sharding = None
+
+    def shardings(self, abstract_state: Any) -> Any:
+        return jax.tree.map(
+            lambda x: NamedSharding(self.mesh, _fsdp_spec(tuple(x.shape), self.fsdp)),
+            abstract_state,
+        )
+
+    def put_state(self, state: Any) -> Any:
+        if self.state_sharding is None:
+            self.state_sharding = self.shardings(jax.eval_shape(lambda: state))
+        return jax.device_put(state, self.state_sharding)
+
+    def host_state(self, state: Any) -> Any:
+        return state
+
+    def put_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        return jax.tree.map(
+            lambda x: jax.make_array_from_process_local_data(self.batch_sharding, x), batch
+        )
+
+    def compile_train_step(self, train_step: Callable, abstract_state: Any) -> Callable:
+        self.state_sharding = self.shardings(abstract_state)
+        return jax.jit(
+            train_step,
+            in_shardings=(self.state_sharding, self.batch_sharding, self.replicated),
+            out_shardings=(self.state_sharding, self.replicated),
+            donate_argnums=(0,),
+        )
+
+
+def create(mode: str, *, fsdp: int = 1) -> Pmap | Sharded:
+    """The strategy for `parallel.mode` (one of `MODES`)."""
+    if mode == "pmap":
+        if fsdp != 1:
+            raise ValueError("parallel.fsdp > 1 needs parallel.mode='sharded'")
+        return Pmap()
+    if mode == "sharded":
+        return Sharded(fsdp)
+    raise ValueError(f"parallel.mode={mode!r} is not one of {MODES}")

@@ -1,0 +1,332 @@
+"""`train_and_evaluate(config, workdir)`: build, restore, loop (step, log, eval, save), final eval.
+
+One code path from a laptop CPU to a TPU pod (STYLE.md §9). The run is resumable: rerunning with
+the same workdir restores the latest good checkpoint (state, dropout key, data-iterator position)
+and continues with exactly the batches that would have come next. SIGTERM (preemption) saves a
+checkpoint and returns. A non-finite loss stops the run before anything is saved over the last
+good checkpoint.
+"""
+
+import contextlib
+import dataclasses
+import json
+import logging
+import pathlib
+import signal
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from tfjax import checkpointing, decoding, logger, losses, models, optim, parallel, training
+from tfjax.data import datasets, pipeline, tokenizers
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Run:
+    """Everything the loop needs, built once from the config."""
+
+    config: ml_collections.ConfigDict
+    model_config: models.ModelConfig
+    model: Any
+    examples: datasets.Examples
+    strategy: Any
+    train_step: Any
+    eval_step: Any
+    abstract_state: Any
+    optimizer: Any
+
+
+def config_dict(config: ml_collections.ConfigDict) -> dict:
+    """JSON-safe nested dict of a config (tuples become lists)."""
+    return json.loads(config.to_json_best_effort())
+
+
+def _build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> _Run:
+    examples = datasets.load(
+        datasets.DataConfig(**config.data), config.model.kind, seed=config.seed, workdir=workdir
+    )
+    fields = config.model.to_dict()
+    fields["vocab_size"] = fields["vocab_size"] or examples.tokenizer.vocab_size
+    model_config = models.ModelConfig(**fields)
+    model = models.create_model(model_config)
+    optim_config = optim.OptimConfig(**config.optim)
+    optimizer, schedule = optim.make_optimizer(optim_config, model_config.embed_dim)
+    strategy = parallel.create(config.parallel.mode, fsdp=config.parallel.fsdp)
+    sample = jax.tree.map(lambda x: jnp.zeros((1, *x.shape), x.dtype), examples.train[0])
+    abstract_state = jax.eval_shape(
+        lambda: training.create_train_state(
+            model, optimizer, jax.random.key(0), sample, model_config.kind
+        )
+    )
+    kind, smoothing = model_config.kind, config.train.label_smoothing
+    train_step = training.make_train_step(
+        model,
+        optimizer,
+        schedule,
+        kind=kind,
+        label_smoothing=smoothing,
+        grad_accum_steps=optim_config.grad_accum_steps,
+    )
+    eval_step = jax.jit(training.make_eval_step(model, kind=kind, label_smoothing=smoothing))
+    return _Run(
+        config,
+        model_config,
+        model,
+        examples,
+        strategy,
+        strategy.compile_train_step(train_step, abstract_state),
+        eval_step,
+        abstract_state,
+        optimizer,
+    )
+
+
+def restore(
+    config: ml_collections.ConfigDict, workdir: str | pathlib.Path, step: int | None = None
+) -> tuple[_Run, checkpointing.Restored]:
+    """The run built from `config` and its checkpoint `step` (default: the latest good one).
+
+    Raises:
+      FileNotFoundError: if `workdir` has no checkpoint.
+    """
+    workdir = pathlib.Path(workdir)
+    run = _build(config, workdir)
+    with checkpointing.Checkpointer(workdir / "checkpoints") as checkpointer:
+        restored = checkpointer.restore(run.abstract_state, step=step)
+    if restored is None:
+        raise FileNotFoundError(
+            f"no checkpoint in {workdir / 'checkpoints'}: train first with "
+            f"python -m experiments.train --workdir={workdir}"
+        )
+    return run, restored
+
+
+def _train_iterator(run: _Run) -> pipeline.BatchIterator:
+    batch_size = parallel.host_batch_size(run.config.train.global_batch_size)
+    dataset = pipeline.make_dataset(
+        run.examples.train,
+        batch_size=batch_size,
+        seed=run.config.seed,
+        shard_index=jax.process_index(),
+        shard_count=jax.process_count(),
+    )
+    return pipeline.BatchIterator(dataset)
+
+
+def _initial_state(run: _Run, checkpointer, iterator, workdir: pathlib.Path):
+    """(state, dropout rng, start step): restored from the workdir, or freshly initialised."""
+    init_rng, dropout_rng = jax.random.split(jax.random.key(run.config.seed))
+    current = config_dict(run.config)
+    for saved in checkpointer.saved_configs()[:1]:
+        for section in ("model", "data"):
+            checkpointing.check_compatible(saved, current, section=section)
+    restored = checkpointer.restore(run.abstract_state)
+    if restored is None:
+        sample = jax.tree.map(lambda x: jnp.asarray(x[None]), run.examples.train[0])
+        state = jax.jit(
+            lambda rng: training.create_train_state(
+                run.model, run.optimizer, rng, sample, run.model_config.kind
+            )
+        )(init_rng)
+        return state, dropout_rng, 0
+    for section in ("model", "data"):
+        checkpointing.check_compatible(restored.config, current, section=section)
+    iterator.set_state(restored.data_state)
+    log.info("resumed from %s at step %d", workdir / "checkpoints", restored.step)
+    return restored.state, restored.rng, restored.step
+
+
+def _host_sum(metrics: dict[str, Any]) -> dict[str, float]:
+    """Sums metric dicts fetched from the devices, and across hosts in multi-host runs."""
+    sums = {k: float(np.sum(v)) for k, v in metrics.items()}
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        gathered = multihost_utils.process_allgather(np.array(list(sums.values())))
+        sums = dict(zip(sums, np.asarray(gathered).sum(0).tolist(), strict=True))
+    return sums
+
+
+def evaluate(run: _Run, params: Any, *, max_examples: int = 0) -> dict[str, float]:
+    """Teacher-forced loss/accuracy on the eval split, plus greedy exact match for seq2seq."""
+    examples = run.examples.eval[:max_examples] if max_examples else run.examples.eval
+    dataset = pipeline.make_dataset(
+        examples,
+        batch_size=run.config.train.eval_batch_size,
+        seed=0,
+        shuffle=False,
+        repeat=False,
+        drop_remainder=False,
+        shard_index=jax.process_index(),
+        shard_count=jax.process_count(),
+    )
+    totals: dict[str, Any] = {}
+    for batch in dataset:
+        metrics = jax.device_get(run.eval_step(params, batch))
+        if run.examples.format == "seq2seq":
+            metrics.update(_greedy_exact_match(run, params, batch))
+        totals = {k: totals.get(k, 0.0) + np.asarray(v) for k, v in metrics.items()}
+    sums = _host_sum(totals)
+    result = losses.summarize({k: v for k, v in sums.items() if not k.startswith("greedy_")})
+    if "greedy_correct" in sums:
+        result["greedy_exact_match"] = sums["greedy_correct"] / max(sums["greedy_count"], 1.0)
+    return result
+
+
+def _greedy_exact_match(run: _Run, params: Any, batch: dict[str, np.ndarray]) -> dict:
+    decode = _jitted_greedy(run)
+    predictions = np.asarray(decode(params, batch["inputs"], batch["inputs_segment_ids"]))
+    targets, valid = batch["targets"], batch["targets_segment_ids"] > 0
+    rows = valid.any(axis=1)
+    correct = np.all((predictions == targets) | ~valid, axis=1) & np.all(
+        (predictions == 0) | valid, axis=1
+    )
+    return {"greedy_correct": float(np.sum(correct & rows)), "greedy_count": float(rows.sum())}
+
+
+_GREEDY_CACHE: dict[int, Any] = {}
+
+
+def _jitted_greedy(run: _Run):
+    key = id(run)
+    if key not in _GREEDY_CACHE:
+        _GREEDY_CACHE.clear()
+        length = run.config.data.max_target_len
+        _GREEDY_CACHE[key] = jax.jit(
+            lambda params, inputs, segments: decoding.greedy_decode(
+                run.model,
+                params,
+                inputs,
+                inputs_segment_ids=segments,
+                max_length=length,
+                eos_id=tokenizers.EOS_ID,
+            )
+        )
+    return _GREEDY_CACHE[key]
+
+
+class _Preemption:
+    """Turns SIGTERM into a flag the loop checks between steps (main thread only)."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        with contextlib.suppress(ValueError):  # not the main thread: no handler
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        log.warning("SIGTERM received: saving a checkpoint and stopping")
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def _check_finite(sums: dict[str, float], step: int, checkpointer) -> None:
+    if np.isfinite(sums.get("loss_sum", 0.0)) and np.isfinite(sums.get("grad_norm", 0.0)):
+        return
+    raise FloatingPointError(
+        f"non-finite loss or gradient before step {step} (loss_sum={sums.get('loss_sum')}, "
+        f"grad_norm={sums.get('grad_norm')}). Nothing was saved after it: the last good "
+        f"checkpoint is step {checkpointer.latest_step()}. Lower optim.learning_rate, set "
+        "optim.grad_clip_norm, or use float32 compute (model.dtype), then rerun to resume."
+    )
+
+
+def _fetch(pending: list) -> dict[str, float]:
+    """Host sums over the steps since the last log (the only place the loop waits on devices)."""
+    return _host_sum({k: np.stack([m[k] for m in jax.device_get(pending)]) for k in pending[0]})
+
+
+def _log_train(writer, progress, pending: list, step: int, elapsed: float, checkpointer):
+    sums = _fetch(pending)
+    _check_finite(sums, step, checkpointer)
+    summary = losses.summarize(
+        {k: v for k, v in sums.items() if k not in ("grad_norm", "learning_rate")}
+    )
+    summary["grad_norm"] = sums["grad_norm"] / len(pending)
+    summary["learning_rate"] = float(jax.device_get(pending[-1]["learning_rate"]))
+    summary["tokens_per_second"] = sums["weight_sum"] / max(elapsed, 1e-9)
+    summary["steps_per_second"] = len(pending) / max(elapsed, 1e-9)
+    writer.write(step, "train", summary)
+    progress.update(step, summary)
+    return summary
+
+
+def _save(run, checkpointer, state, step: int, rng, iterator, pending: list) -> None:
+    """Checks the steps since the last log were finite, then saves asynchronously."""
+    if pending:
+        _check_finite(_fetch(pending), step, checkpointer)
+    checkpointer.save(
+        step,
+        run.strategy.host_state(state),
+        rng=rng,
+        data_state=iterator.get_state(),
+        config=config_dict(run.config),
+        force=True,
+    )
+
+
+def train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: str | pathlib.Path
+) -> dict[str, float]:
+    """Trains `config` in `workdir` (resuming from its checkpoints); returns final eval metrics."""
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    chief = jax.process_index() == 0
+    tcfg = config.train
+    run = _build(config, workdir)
+    iterator = _train_iterator(run)
+    writer = logger.MetricWriter(workdir, enabled=chief)
+    with checkpointing.Checkpointer(
+        workdir / "checkpoints", max_to_keep=tcfg.keep_checkpoints
+    ) as checkpointer:
+        state, rng, start = _initial_state(run, checkpointer, iterator, workdir)
+        if chief:  # after the compatibility check: a refused run leaves the workdir as it was
+            (workdir / "config.json").write_text(json.dumps(config_dict(config), indent=2))
+        state = run.strategy.put_state(state)
+        progress = logger.Progress(tcfg.num_train_steps, initial_step=start, enabled=chief)
+        pending, t0, step = [], time.perf_counter(), start
+        with _Preemption() as preemption:
+            while step < tcfg.num_train_steps and not preemption.requested:
+                batch = run.strategy.put_batch(next(iterator))
+                state, metrics = run.train_step(state, batch, rng)
+                step += 1
+                if step == start + 1:  # keep compilation out of the tokens/s figures
+                    jax.block_until_ready(metrics)
+                    t0 = time.perf_counter()
+                pending.append(metrics)
+                if step % tcfg.log_every_steps == 0 or step == tcfg.num_train_steps:
+                    _log_train(
+                        writer, progress, pending, step, time.perf_counter() - t0, checkpointer
+                    )
+                    pending, t0 = [], time.perf_counter()
+                if tcfg.eval_every_steps and step % tcfg.eval_every_steps == 0:
+                    params = run.strategy.host_state(state).params
+                    writer.write(
+                        step, "eval", evaluate(run, params, max_examples=tcfg.max_eval_examples)
+                    )
+                    t0 = time.perf_counter()
+                if step % tcfg.checkpoint_every_steps == 0 or preemption.requested:
+                    _save(run, checkpointer, state, step, rng, iterator, pending)
+        progress.close()
+        if preemption.requested:
+            log.warning("stopped at step %d by SIGTERM; rerun the same command to resume", step)
+            writer.close()
+            return {}
+        if checkpointer.latest_step() != step:
+            _save(run, checkpointer, state, step, rng, iterator, pending)
+        result = evaluate(run, run.strategy.host_state(state).params)
+    writer.write(step, "final_eval", result)
+    writer.close()
+    return result

@@ -1,0 +1,138 @@
+"""Train state and the pure train and eval steps.
+
+`make_train_step` returns `train_step(state, batch, rng, axis_name=None) -> (state, metrics)`:
+forward with dropout, cross-entropy with label smoothing (Vaswani et al. 2017, §5.4), backward,
+optax update. With `axis_name` (pmap) gradients and metric sums are summed over that axis; the
+loss is normalised by the global number of target tokens, so every parallel mode computes the
+same gradient as one device with the whole batch. Metrics are float32 sums and weights
+(`tfjax.losses`), divided on the host at log time. The loop itself is in `tfjax.trainer`.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from tfjax import losses
+
+Batch = dict[str, Any]  # str -> int32 [B, ...] numpy or jax arrays (DESIGN.md "How data flows")
+
+_INPUT_KEYS = {
+    "encoder_decoder": (
+        "inputs",
+        "targets",
+        "inputs_segment_ids",
+        "targets_segment_ids",
+        "inputs_positions",
+        "targets_positions",
+    ),
+    "decoder_only": ("targets", "targets_segment_ids", "targets_positions"),
+    "encoder_only": ("inputs", "inputs_segment_ids", "inputs_positions"),
+}
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Arrays only: the step counter, parameters and optimizer state."""
+
+    step: Any  # int32 [] (Any: tree transforms put ShapeDtypeStructs and tracers here)
+    params: Any
+    opt_state: Any
+
+
+def model_inputs(batch: Batch, kind: str) -> tuple[tuple, dict]:
+    """(positional args, keyword args) of the model's `__call__` taken from a batch."""
+    present = {k: batch[k] for k in _INPUT_KEYS[kind] if k in batch}
+    positional = (
+        ("inputs", "targets")
+        if kind == "encoder_decoder"
+        else (("targets",) if kind == "decoder_only" else ("inputs",))
+    )
+    return tuple(present.pop(k) for k in positional), present
+
+
+def batch_metrics(logits: jax.Array, batch: Batch, kind: str, *, label_smoothing: float) -> Batch:
+    """Loss and accuracy sums of one batch (`tfjax.losses.compute_metrics`)."""
+    if kind == "encoder_only":
+        return losses.classification_metrics(
+            logits, batch["labels"], label_smoothing=label_smoothing
+        )
+    return losses.compute_metrics(
+        logits, batch["targets"], batch["targets_segment_ids"], label_smoothing=label_smoothing
+    )
+
+
+def _weight_sum(batch: Batch, kind: str) -> jax.Array:
+    if kind == "encoder_only":
+        return jnp.sum(batch["labels"] >= 0).astype(jnp.float32)
+    return jnp.sum(batch["targets_segment_ids"] > 0).astype(jnp.float32)
+
+
+def create_train_state(
+    model: nn.Module,
+    optimizer: optax.GradientTransformation,
+    rng: jax.Array,
+    batch: Batch,
+    kind: str,
+) -> TrainState:
+    """Initial state; `batch` only provides shapes (use `jax.eval_shape` for an abstract one)."""
+    args, kwargs = model_inputs(jax.tree.map(jnp.asarray, batch), kind)
+    params = model.init(rng, *args, **kwargs)["params"]
+    return TrainState(
+        step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params)
+    )
+
+
+def make_train_step(
+    model: nn.Module,
+    optimizer: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    *,
+    kind: str,
+    label_smoothing: float,
+    grad_accum_steps: int = 1,
+) -> Callable:
+    """The pure train step for `model` (see the module docstring)."""
+
+    def train_step(state: TrainState, batch: Batch, rng: jax.Array, axis_name: str | None = None):
+        rng = jax.random.fold_in(rng, state.step)
+        weight_sum = _weight_sum(batch, kind)
+        if axis_name is not None:
+            rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
+            weight_sum = jax.lax.psum(weight_sum, axis_name)
+        args, kwargs = model_inputs(batch, kind)
+
+        def loss_fn(params):
+            logits = model.apply(
+                {"params": params}, *args, **kwargs, deterministic=False, rngs={"dropout": rng}
+            )
+            metrics = batch_metrics(logits, batch, kind, label_smoothing=label_smoothing)
+            return metrics["loss_sum"] / jnp.maximum(weight_sum, 1.0), metrics
+
+        grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
+        if axis_name is not None:
+            grads = jax.lax.psum(grads, axis_name)
+            metrics = jax.lax.psum(metrics, axis_name)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics["grad_norm"] = optax.tree.norm(grads)
+        metrics["learning_rate"] = schedule(state.step // grad_accum_steps)
+        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    return train_step
+
+
+def make_eval_step(model: nn.Module, *, kind: str, label_smoothing: float) -> Callable:
+    """`eval_step(params, batch, axis_name=None) -> metric sums`, deterministic."""
+
+    def eval_step(params: Any, batch: Batch, axis_name: str | None = None):
+        args, kwargs = model_inputs(batch, kind)
+        logits = model.apply({"params": params}, *args, **kwargs, deterministic=True)
+        metrics = batch_metrics(logits, batch, kind, label_smoothing=label_smoothing)
+        return metrics if axis_name is None else jax.lax.psum(metrics, axis_name)
+
+    return eval_step
