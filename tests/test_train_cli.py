@@ -1,0 +1,138 @@
+"""The command-line entry points in subprocesses: SIGKILL/SIGTERM, device counts, sweeps.
+
+These start fresh Python processes (tens of seconds each), so they are marked slow.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from experiments import config_utils
+from tfjax import logger, trainer
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _env(devices: int) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _train(workdir, *overrides, devices=1, spec="configs/base.py:tiny", **kwargs):
+    command = [
+        sys.executable,
+        "-m",
+        "experiments.train",
+        f"--config={spec}",
+        f"--workdir={workdir}",
+        *[f"--config.{o}" for o in overrides],
+    ]
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=_env(devices),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kwargs,
+    )
+
+
+def _wait_for(path: pathlib.Path, predicate, timeout=300.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.exists() and predicate(path):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{path} never satisfied the condition")
+
+
+def _params(workdir):
+    config = config_utils.load_config_json(workdir / "config.json")
+    state = trainer.restore(config, workdir)[1].state
+    return [np.asarray(x) for x in __import__("jax").tree.leaves(state.params)]
+
+
+def _trained_steps(path):
+    return [r["step"] for r in logger.read_metrics(path.parent, "train")]
+
+
+SLOW_STEPS = [
+    "train.num_train_steps=40",
+    "train.checkpoint_every_steps=10",
+    "train.log_every_steps=1",
+    "train.eval_every_steps=0",
+]
+
+
+def test_sigkill_between_saves_then_rerun_is_bit_exact(tmp_path):
+    straight = _train(tmp_path / "straight", *SLOW_STEPS)
+    assert straight.wait() == 0, straight.stdout.read()
+    killed = _train(tmp_path / "killed", *SLOW_STEPS)
+    _wait_for(tmp_path / "killed" / "checkpoints" / "10", lambda p: p.is_dir())  # committed
+    _wait_for(
+        tmp_path / "killed" / "metrics.jsonl", lambda p: any(s > 14 for s in _trained_steps(p))
+    )
+    killed.send_signal(signal.SIGKILL)  # no chance to save: steps after 10 are lost
+    killed.wait()
+    rerun = _train(tmp_path / "killed", *SLOW_STEPS)
+    output = rerun.communicate()[0]
+    assert rerun.returncode == 0, output
+    assert "resumed" in output, output
+    for a, b in zip(_params(tmp_path / "straight"), _params(tmp_path / "killed"), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sigterm_saves_and_a_checkpoint_from_8_devices_resumes_on_1(tmp_path):
+    proc = _train(tmp_path, *SLOW_STEPS, "train.checkpoint_every_steps=100", devices=8)
+    _wait_for(tmp_path / "metrics.jsonl", lambda p: any(s >= 5 for s in _trained_steps(p)))
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate()[0]
+    assert proc.returncode == 0, output
+    assert "SIGTERM" in output
+    saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved and 5 <= saved[-1] < 40
+    rerun = _train(tmp_path, *SLOW_STEPS, "train.checkpoint_every_steps=100", devices=1)
+    output = rerun.communicate()[0]
+    assert rerun.returncode == 0, output
+    assert f"at step {saved[-1]}" in output
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["kind"] == (
+        "final_eval"
+    )
+
+
+def test_unknown_override_fails_with_close_matches(tmp_path):
+    proc = _train(tmp_path, "optim.learnng_rate=3")
+    output = proc.communicate()[0]
+    assert proc.returncode != 0
+    assert "did you mean 'optim.learning_rate'" in output
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_sweep_runs_each_point_and_writes_a_summary(tmp_path):
+    command = [
+        sys.executable,
+        "-m",
+        "experiments.sweep",
+        "--config=configs/base.py:tiny",
+        "--sweep=lr",
+        f"--workdir={tmp_path}",
+        "--config.train.num_train_steps=2",
+    ]
+    done = subprocess.run(
+        command, cwd=ROOT, env=_env(1), capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = (tmp_path / "lr" / "summary.md").read_text()
+    assert summary.count("| ok") == 3 or summary.count("ok") >= 3, summary
+    assert len(list((tmp_path / "lr").glob("*/checkpoints"))) == 3
