@@ -6,7 +6,9 @@ Sources:
 - plain dot and general (bilinear, q^T W k) scores: Luong et al. 2015, §3.1;
 - additive scores, v^T tanh(W_q q + W_k k): Bahdanau et al. 2015, Appendix A.1.2;
 - multi-query and grouped-query attention: Shazeer 2019; Ainslie et al. 2023 (GQA), §2;
-- low-rank value projection: the value matrix factorised as W_down [D, r] · W_up [r, K·H].
+- low-rank value projection: the value matrix factorised as W_down [D, r] · W_up [r, K·H];
+- key/value cache for autoregressive decoding (flax "cache" collection): self-attention keys and
+  values are written one step at a time, encoder keys/values are projected once per source.
 
 Axis letters: B batch, L query length, S key length, D model width, N query heads, K key/value
 heads, G = N // K queries per kv head, H head width, A additive-score width.
@@ -185,6 +187,10 @@ class MultiHeadAttention(nn.Module):
     cross-attention with queries from `inputs_q` (the decoder) and keys and values from
     `inputs_kv` (the encoder output), §3.2.3.
 
+    Decoding (`decode=True`) keeps a "cache" collection: self-attention holds "cached_key",
+    "cached_value" [B, max_len, K, H] and "cache_index" (int32 scalar); cross-attention holds
+    "cached_cross_key", "cached_cross_value" [B, S, K, H].
+
     Parameters: "qkv" [D, N + 2K, H] (fused self-attention), or "query" [D, N, H] with "kv"
     [Dkv, 2K, H] (cross-attention) or "key"/"value" [Dkv, K, H] (unfused); "out" [N, H, D].
     With `value_rank` r > 0 the value projection is "value_down" [Dkv, r] · "value_up" [r, K, H].
@@ -201,6 +207,8 @@ class MultiHeadAttention(nn.Module):
       rope_base: RoPE frequency base.
       use_bias: biases in the projections (the paper's and PyTorch's layers have them).
       implementation: see `dot_product_attention`.
+      cross: this is a cross-attention layer; while decoding it may be called without
+        `inputs_kv` and then reads the encoder keys/values from the cache.
       dtype: computation dtype; param_dtype: parameter dtype.
     """
 
@@ -215,6 +223,7 @@ class MultiHeadAttention(nn.Module):
     rope_base: float = 10000.0
     use_bias: bool = True
     implementation: str = "auto"
+    cross: bool = False
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     kernel_init: nn.initializers.Initializer = nn.initializers.xavier_uniform()
@@ -240,28 +249,82 @@ class MultiHeadAttention(nn.Module):
             name=name,
         )
 
+    def _project_kv(self, x_kv: Array, kv: int, h: int) -> tuple[Array, Array]:
+        """Returns k, v [B, S, K, H] from the separate "kv" (or "key"/"value") projections."""
+        low_rank = self.value_rank > 0
+        if self.fused_qkv and not low_rank:
+            kv_proj = self._dense((2 * kv, h), "kv")(x_kv)  # [B, S, 2K, H]
+            return kv_proj[:, :, :kv], kv_proj[:, :, kv:]
+        k = self._dense((kv, h), "key")(x_kv)  # [B, S, K, H]
+        if low_rank:
+            return k, self._low_rank_value(x_kv, kv, h)
+        return k, self._dense((kv, h), "value")(x_kv)  # [B, S, K, H]
+
+    def _low_rank_value(self, x_kv: Array, kv: int, h: int) -> Array:
+        v = self._dense(self.value_rank, "value_down", use_bias=False)(x_kv)  # [B, S, r]
+        return self._dense((kv, h), "value_up")(v)  # [B, S, K, H]
+
     def _project(self, x_q: Array, x_kv: Array | None, n: int, kv: int, h: int):
         """Returns q [B, L, N, H], k [B, S, K, H], v [B, S, K, H]."""
-        self_attention = x_kv is None
-        x_kv = x_q if self_attention else x_kv
-        low_rank = self.value_rank > 0
-        if self_attention and self.fused_qkv:
+        if x_kv is None and self.fused_qkv:
+            low_rank = self.value_rank > 0
             width = n + kv + (0 if low_rank else kv)
             qkv = self._dense((width, h), "qkv")(x_q)  # [B, L, N + 2K, H]
             q, k = qkv[:, :, :n], qkv[:, :, n : n + kv]
-            v = None if low_rank else qkv[:, :, n + kv :]
-        else:
-            q = self._dense((n, h), "query")(x_q)  # [B, L, N, H]
-            if self.fused_qkv and not low_rank:
-                kv_proj = self._dense((2 * kv, h), "kv")(x_kv)  # [B, S, 2K, H]
-                k, v = kv_proj[:, :, :kv], kv_proj[:, :, kv:]
-            else:
-                k = self._dense((kv, h), "key")(x_kv)  # [B, S, K, H]
-                v = None if low_rank else self._dense((kv, h), "value")(x_kv)
-        if low_rank:
-            v = self._dense(self.value_rank, "value_down", use_bias=False)(x_kv)  # [B, S, r]
-            v = self._dense((kv, h), "value_up")(v)  # [B, S, K, H]
+            v = self._low_rank_value(x_q, kv, h) if low_rank else qkv[:, :, n + kv :]
+            return q, k, v
+        q = self._dense((n, h), "query")(x_q)  # [B, L, N, H]
+        k, v = self._project_kv(x_q if x_kv is None else x_kv, kv, h)
         return q, k, v
+
+    def _self_cache(self, k: Array, v: Array) -> tuple[Array, Array]:
+        """Writes the new keys/values [B, L, K, H] at `cache_index`; returns the whole cache.
+
+        When the cache does not exist yet (`model.init` with decode=True on full-length inputs),
+        it is created with zeros of the inputs' shape [B, max_len, K, H] and k, v pass through.
+        """
+        exists = self.has_variable("cache", "cached_key")
+        cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+        cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+        index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+        if not exists:
+            return k, v
+        b, max_len, num_kv, h = cached_k.value.shape
+        if k.shape[0] != b or k.shape[2:] != (num_kv, h) or k.shape[1] > max_len:
+            raise ValueError(
+                f"new keys {k.shape} do not fit the cache [B, max_len, K, H] = "
+                f"{cached_k.value.shape}"
+            )
+        start = (0, index.value, 0, 0)
+        update = jax.lax.dynamic_update_slice
+        cached_k.value = update(cached_k.value, k.astype(cached_k.value.dtype), start)
+        cached_v.value = update(cached_v.value, v.astype(cached_v.value.dtype), start)
+        index.value = index.value + k.shape[1]
+        return cached_k.value, cached_v.value
+
+    def _cross_cache(self, inputs_kv: Array | None, kv: int, h: int) -> tuple[Array, Array]:
+        """Encoder keys/values [B, S, K, H], projected once per source and kept in the cache."""
+        if inputs_kv is not None:
+            k, v = self._project_kv(inputs_kv, kv, h)
+            self.put_variable("cache", "cached_cross_key", k)
+            self.put_variable("cache", "cached_cross_value", v)
+            return k, v
+        if not self.has_variable("cache", "cached_cross_key"):
+            raise ValueError(
+                "cross-attention with decode=True and inputs_kv=None reads the cached encoder "
+                "keys, but the cache has none: pass the encoder output once first"
+            )
+        return (
+            self.get_variable("cache", "cached_cross_key"),
+            self.get_variable("cache", "cached_cross_value"),
+        )
+
+    def _decode_positions(self, q: Array) -> Array:
+        """Default RoPE positions while decoding: cache_index, cache_index + 1, ... [B, L]."""
+        start = 0
+        if self.has_variable("cache", "cached_key"):
+            start = self.get_variable("cache", "cache_index")
+        return _default_positions(q) + start
 
     def _score_params(self, n: int, h: int) -> dict[str, Array] | None:
         if self.score == "general":
@@ -289,31 +352,50 @@ class MultiHeadAttention(nn.Module):
         q_positions: Array | None = None,
         kv_positions: Array | None = None,
         deterministic: bool = True,
+        decode: bool = False,
     ) -> Float[Array, "B L D"]:
         """Attends `inputs_q` over `inputs_kv` (self-attention when it is None).
 
         Args:
           inputs_q: [B, L, D] queries' inputs.
           inputs_kv: [B, S, E] keys' and values' inputs (cross-attention), or None.
-          mask: bool, True = may attend, broadcastable to [B, N, L, S].
+          mask: bool, True = may attend, broadcastable to [B, N, L, S]. While decoding with
+            self-attention S is the cache length and the mask must hide the unwritten slots.
           bias: additive logit bias broadcastable to [B, N, L, S] (relative positions, ALiBi).
           q_positions, kv_positions: int32 [B, L] / [B, S] positions for RoPE (default
-            0..L-1; for packed rows pass per-segment positions).
+            0..L-1, or cache_index.. while decoding; for packed rows pass per-segment positions).
           deterministic: disables attention dropout.
+          decode: use the "cache" collection. Self-attention writes the L new keys/values at
+            `cache_index` (created as zeros the first time, at full length) and attends over
+            the whole cache [B, max_len, K, H]. Cross-attention (`cross=True`) projects
+            `inputs_kv` once into the cache, or reads it back when `inputs_kv` is None.
 
         Returns:
           [B, L, D] in the compute dtype.
+
+        Raises:
+          ValueError: for a cross-attention module called without `inputs_kv` outside decoding,
+            or a decoding step whose shapes do not fit the cache.
         """
         _check_score(self.score)
         width = inputs_q.shape[-1]
         n, kv, h = self._sizes(width)
-        q, k, v = self._project(inputs_q, inputs_kv, n, kv, h)
+        if self.cross and inputs_kv is None and not decode:
+            raise ValueError("cross-attention needs inputs_kv unless decode=True")
+        if self.cross and decode:
+            q = self._dense((n, h), "query")(inputs_q)  # [B, L, N, H]
+            k, v = self._cross_cache(inputs_kv, kv, h)
+        else:
+            q, k, v = self._project(inputs_q, inputs_kv, n, kv, h)
         if self.rotary:
-            q_positions = _default_positions(q) if q_positions is None else q_positions
+            if q_positions is None:
+                q_positions = self._decode_positions(q) if decode else _default_positions(q)
             if kv_positions is None:
                 kv_positions = q_positions if inputs_kv is None else _default_positions(k)
             q = positional.apply_rope(q, q_positions, base=self.rope_base)
             k = positional.apply_rope(k, kv_positions, base=self.rope_base)
+        if decode and not self.cross:
+            k, v = self._self_cache(k, v)  # [B, max_len, K, H]
         dropout_rng = None
         if self.dropout_rate > 0.0 and not deterministic:
             dropout_rng = self.make_rng("dropout")

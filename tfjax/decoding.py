@@ -1,22 +1,379 @@
-"""Autoregressive decoding.
+"""Autoregressive decoding: KV-cached greedy and sampled generation, and an uncached reference.
 
-`greedy_decode` recomputes the decoder over the whole prefix buffer at every step (O(L^2)
-decoder work); it serves evaluation during training and is the reference that a KV-cached
-decoder must reproduce.
+- `init_cache`, `first_step`, `make_step_fn`: the model's zero "cache" collection and one
+  cached step; the encoder runs and its keys/values are projected once per source.
+- `decode_loop`, `generate`: greedy (temperature 0) or sampled generation in one
+  `lax.while_loop` over the cache (Vaswani et al. 2017, §3.2.3, one position at a time);
+  encoder-decoder models translate `inputs`, decoder-only models continue `prompts`.
+- `filter_top_k`, `filter_top_p`, `sample_logits`: pure sampling helpers (top-k: Fan et al.
+  2018, §5.4; nucleus / top-p: Holtzman et al. 2020, §3.1).
+- `greedy_decode` recomputes the decoder over the whole prefix at every step (O(L^2) work); it
+  serves evaluation during training and is the reference for the cached decoder.
+Beam search lives in `tfjax.beam_search`. Everything here is traceable: jit it with
+`functools.partial` over the model and the Python-valued options (max_length, eos_id, ...).
 """
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Int
+from jaxtyping import Array, Bool, Float, Int
+
+# Filtered-out logits: finite (never -inf) so that softmax and categorical stay NaN-free.
+FILTERED = float(jnp.finfo(jnp.float32).min)
+
+StepFn = Callable[[Array, Array, Any], tuple[Array, Any]]
 
 
-def _after_eos(tokens: Int[Array, "B L"], eos_id: int) -> Bool[Array, "B L"]:
+def after_eos(tokens: Int[Array, "B L"], eos_id: int) -> Bool[Array, "B L"]:
     """True at every position after the first EOS of a row."""
     seen = jnp.cumsum(tokens == eos_id, axis=1)  # [B, L]
     return (seen - (tokens == eos_id)) > 0
+
+
+def check_model(model: nn.Module, kinds: tuple[str, ...], max_length: int) -> str:
+    """Returns `model.config.kind`; ValueError unless it is in `kinds` and max_length fits."""
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "kind", None)
+    if kind not in kinds:
+        raise ValueError(f"model must be one of the kinds {kinds}, got {kind!r}")
+    check_lengths(model, max_length)
+    return kind
+
+
+def check_lengths(model: nn.Module, max_length: int) -> None:
+    """ValueError unless 1 <= max_length (<= the learned position table's size)."""
+    if max_length < 1:
+        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    cfg = model.config
+    if cfg.positional == "learned" and max_length > cfg.max_len:
+        raise ValueError(f"max_length {max_length} exceeds the learned table's {cfg.max_len}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache and one step.
+
+
+def init_cache(
+    model: nn.Module,
+    params: Any,
+    *,
+    batch_size: int,
+    max_length: int,
+    source_length: int | None = None,
+) -> Any:
+    """The model's "cache" collection, all zeros (shapes only are computed, with `eval_shape`).
+
+    Args:
+      model: an `EncoderDecoder` or a `DecoderOnly`.
+      params: its parameters.
+      batch_size: B.
+      max_length: self-attention cache slots (the longest target / sequence decoded).
+      source_length: S of the encoder output (encoder-decoder models only).
+
+    Returns:
+      pytree of zeros: per decoder layer "cached_key"/"cached_value" [B, max_length, K, H] and
+      "cache_index" [] int32 (plus "cached_cross_key"/"cached_cross_value" [B, S, K, H]).
+
+    Raises:
+      ValueError: for another model kind, a missing source_length or max_length < 1.
+    """
+    kind = check_model(model, ("encoder_decoder", "decoder_only"), max_length)
+    tokens = jnp.zeros((batch_size, max_length), jnp.int32)
+    kwargs = {"positions": _positions(tokens)}
+    if kind == "encoder_decoder":
+        if source_length is None:
+            raise ValueError("init_cache needs source_length for an encoder-decoder model")
+        cfg = model.config
+        shape = (batch_size, source_length, cfg.embed_dim)
+        kwargs["encoded"] = jnp.zeros(shape, cfg.compute_dtype)  # [B, S, D]
+
+    def create(params, tokens, kwargs):
+        apply = functools.partial(model.apply, method=model.decode_step, mutable=["cache"])
+        return apply({"params": params}, tokens, **kwargs)[1]["cache"]
+
+    # Arguments, not closures: traced inputs keep the model's concrete-value checks off.
+    shapes = jax.eval_shape(create, params, tokens, kwargs)
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def _positions(tokens: Array) -> Array:
+    b, length = tokens.shape
+    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))  # [B, L]
+
+
+def _apply_step(model: nn.Module, params: Any, cache: Any, tokens, positions, **extra):
+    """One `decode_step` -> (float32 logits [B, V] of the last new position, new cache)."""
+    variables = {"params": params, "cache": cache}
+    logits, state = model.apply(
+        variables,
+        tokens,
+        positions=positions,
+        method=model.decode_step,
+        mutable=["cache"],
+        **extra,
+    )
+    return logits[:, -1].astype(jnp.float32), state["cache"]
+
+
+def make_step_fn(
+    model: nn.Module, params: Any, inputs_segment_ids: Int[Array, "B S"] | None = None
+) -> StepFn:
+    """step_fn(tokens [B, 1], positions [B, 1], cache) -> (logits [B, V] float32, cache).
+
+    The cross-attention keys must already be cached (see `first_step`).
+    """
+    extra = {} if inputs_segment_ids is None else {"inputs_segment_ids": inputs_segment_ids}
+    return lambda tokens, positions, cache: _apply_step(
+        model, params, cache, tokens, positions, **extra
+    )
+
+
+def first_step(
+    model: nn.Module,
+    params: Any,
+    *,
+    batch_size: int,
+    max_length: int,
+    bos_id: int,
+    inputs: Int[Array, "B S"] | None = None,
+    inputs_segment_ids: Int[Array, "B S"] | None = None,
+) -> tuple[Float[Array, "B V"], Any]:
+    """Runs the encoder (if any) once and feeds BOS at position 0 through a fresh cache.
+
+    Returns:
+      (float32 logits [B, V] for target position 0, the cache after that step).
+    """
+    source_length, extra = None, {}
+    if inputs is not None:
+        encoded = model.apply(
+            {"params": params}, inputs, inputs_segment_ids=inputs_segment_ids, method=model.encode
+        )  # [B, S, D]
+        source_length = inputs.shape[1]
+        extra = {"encoded": encoded, "inputs_segment_ids": inputs_segment_ids}
+    cache = init_cache(
+        model, params, batch_size=batch_size, max_length=max_length, source_length=source_length
+    )
+    tokens = jnp.full((batch_size, 1), bos_id, jnp.int32)
+    return _apply_step(model, params, cache, tokens, _positions(tokens), **extra)
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing the next token.
+
+
+def filter_top_k(logits: Float[Array, "B V"], k: int) -> Float[Array, "B V"]:
+    """Keeps the k largest of the [B, V] logits per row (ties with the k-th too); k = 0: all.
+
+    Returns float32 [B, V]: kept logits unchanged, the others `FILTERED`.
+    """
+    if k < 0:
+        raise ValueError(f"top_k must be >= 0, got {k}")
+    logits = logits.astype(jnp.float32)
+    if k == 0 or k >= logits.shape[-1]:
+        return logits
+    kth = jax.lax.top_k(logits, k)[0][:, -1:]  # [B, 1]
+    return jnp.where(logits >= kth, logits, FILTERED)
+
+
+def filter_top_p(logits: Float[Array, "B V"], p: float) -> Float[Array, "B V"]:
+    """Nucleus filtering: keeps the smallest set of most likely tokens whose probability >= p.
+
+    A token of the [B, V] logits is kept when the tokens ranked strictly above it hold < p, so
+    the most likely one always stays (Holtzman et al. 2020, §3.1); p in (0, 1], 1.0 = all.
+    Returns float32 [B, V]: kept logits unchanged, the others `FILTERED`.
+    """
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {p}")
+    logits = logits.astype(jnp.float32)
+    if p == 1.0:
+        return logits
+    ranked = jnp.sort(logits, axis=-1)[:, ::-1]  # [B, V] descending
+    probs = jax.nn.softmax(ranked, axis=-1)
+    mass_above = jnp.cumsum(probs, axis=-1) - probs  # [B, V]
+    threshold = jnp.min(jnp.where(mass_above < p, ranked, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(logits >= threshold, logits, FILTERED)
+
+
+def _check_sampling(temperature: float, top_k: int, top_p: float, rng: Array | None) -> None:
+    if temperature < 0.0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k < 0 or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"need top_k >= 0 and top_p in (0, 1], got {top_k} and {top_p}")
+    if temperature > 0.0 and rng is None:
+        raise ValueError("sampling (temperature > 0) needs an rng key")
+
+
+def sample_logits(
+    logits: Float[Array, "B V"],
+    rng: Array | None = None,
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> Int[Array, " B"]:
+    """Next tokens [B] int32: argmax when temperature is 0, else a sample from
+    softmax(logits / temperature) after top-k and then top-p filtering."""
+    _check_sampling(temperature, top_k, top_p, rng)
+    if temperature == 0.0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    scaled = logits.astype(jnp.float32) / temperature
+    scaled = filter_top_p(filter_top_k(scaled, top_k), top_p)
+    return jax.random.categorical(rng, scaled, axis=-1).astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop.
+
+
+def next_step(step_fn: StepFn, t: Array, max_length: int, token: Array, logits, cache):
+    """Feeds `token` [B] at position t + 1 unless t + 1 == max_length (nothing left to predict).
+
+    Returns the new (logits [B, V], cache), or the given ones at the last position.
+    """
+    positions = jnp.full((token.shape[0], 1), t + 1, jnp.int32)  # [B, 1]
+    return jax.lax.cond(
+        t + 1 < max_length,
+        lambda: step_fn(token[:, None], positions, cache),
+        lambda: (logits, cache),
+    )
+
+
+def decode_loop(
+    step_fn: StepFn,
+    cache: Any,
+    logits: Float[Array, "B V"],
+    *,
+    max_length: int,
+    eos_id: int,
+    choose: Callable[[Array, Array], Array],
+    prompts: Int[Array, "B P"] | None = None,
+    prompt_lengths: Int[Array, " B"] | None = None,
+) -> Int[Array, "B L"]:
+    """Chooses token t from the logits of position t, feeds it back, until EOS or max_length.
+
+    Args:
+      step_fn: (tokens [B, 1], positions [B, 1], cache) -> (logits [B, V], cache).
+      cache: the cache after position 0 was fed (see `first_step`).
+      logits: [B, V] logits of position 0.
+      max_length: L, positions to produce.
+      eos_id: a generated EOS finishes its row; later positions are 0.
+      choose: (logits [B, V], t) -> tokens [B] int32 (argmax, or a sample).
+      prompts: [B, P] forced tokens (P <= L): token t of row b is prompts[b, t] while
+        t < prompt_lengths[b] (prompt EOS tokens do not finish a row).
+      prompt_lengths: [B] int; defaults to P for every row.
+
+    Returns:
+      int32 [B, L]: forced and chosen tokens, EOS kept, 0 after it.
+    """
+    batch = logits.shape[0]
+    if prompts is None and prompt_lengths is not None:
+        raise ValueError("prompt_lengths needs prompts")
+    if prompts is None:
+        prompts = jnp.zeros((batch, 0), jnp.int32)
+    if prompts.shape[1] > max_length:
+        raise ValueError(f"prompts [B, P] = {prompts.shape} longer than max_length {max_length}")
+    if prompt_lengths is None:
+        prompt_lengths = jnp.full((batch,), prompts.shape[1], jnp.int32)
+    forced_tokens = jnp.pad(prompts, ((0, 0), (0, max_length - prompts.shape[1])))  # [B, L]
+
+    def body(state):
+        t, tokens, done, cache, logits = state
+        forced = t < prompt_lengths  # [B]
+        prompt_token = jax.lax.dynamic_index_in_dim(forced_tokens, t, axis=1, keepdims=False)
+        token = jnp.where(forced, prompt_token, choose(logits, t).astype(jnp.int32))
+        token = jnp.where(done, 0, token)  # [B]
+        tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, t))
+        done = done | ((token == eos_id) & ~forced)
+        logits, cache = next_step(step_fn, t, max_length, token, logits, cache)
+        return t + 1, tokens, done, cache, logits
+
+    def cond(state):
+        return (state[0] < max_length) & ~jnp.all(state[2])
+
+    tokens = jnp.zeros((batch, max_length), jnp.int32)
+    done = jnp.zeros((batch,), bool)
+    state = (jnp.zeros((), jnp.int32), tokens, done, cache, logits)
+    return jax.lax.while_loop(cond, body, state)[1]
+
+
+def generate(
+    model: nn.Module,
+    params: Any,
+    *,
+    max_length: int,
+    eos_id: int,
+    inputs: Int[Array, "B S"] | None = None,
+    inputs_segment_ids: Int[Array, "B S"] | None = None,
+    prompts: Int[Array, "B P"] | None = None,
+    prompt_lengths: Int[Array, " B"] | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    rng: Array | None = None,
+    bos_id: int | None = None,
+) -> Int[Array, "B L"]:
+    """Greedy or sampled generation with the KV cache.
+
+    Args:
+      model: an `EncoderDecoder` (give `inputs`) or a `DecoderOnly` (give `prompts`).
+      params: its parameters.
+      max_length: L, target positions to produce (decoder-only: the whole sequence, prompt
+        included).
+      eos_id: a generated EOS ends its row; positions after it are 0.
+      inputs: [B, S] source ids; `inputs_segment_ids` [B, S] marks padding with 0.
+      prompts: [B, P] right-padded prompts (no BOS) with `prompt_lengths` [B] (default P).
+        They are fed through the cache one token per step, then the model continues.
+      temperature: 0 = greedy (argmax); > 0 samples from softmax(logits / temperature).
+      top_k, top_p: sampling filters (`filter_top_k`, `filter_top_p`); 0 and 1.0 = off.
+      rng: PRNG key, required when sampling; step t uses `jax.random.fold_in(rng, t)`.
+      bos_id: first decoder input; None = `model.config.bos_id` (as in training).
+
+    Returns:
+      int32 [B, L] token ids, EOS included, 0 after it.
+
+    Raises:
+      ValueError: for a bad option, missing or extra inputs/prompts, or another model kind.
+    """
+    kind = check_model(model, ("encoder_decoder", "decoder_only"), max_length)
+    _check_sampling(temperature, top_k, top_p, rng)
+    if kind == "encoder_decoder" and (inputs is None or prompts is not None):
+        raise ValueError("an encoder-decoder model needs `inputs` and no `prompts`")
+    if kind == "decoder_only" and (prompts is None or inputs is not None):
+        raise ValueError("a decoder-only model needs `prompts` ([B, 0] for none) and no `inputs`")
+    bos_id = model.config.bos_id if bos_id is None else bos_id
+    batch = (inputs if prompts is None else prompts).shape[0]
+    logits, cache = first_step(
+        model,
+        params,
+        batch_size=batch,
+        max_length=max_length,
+        bos_id=bos_id,
+        inputs=inputs,
+        inputs_segment_ids=inputs_segment_ids,
+    )
+    sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k, top_p=top_p)
+
+    def choose(logits, t):
+        return sample(logits, None if rng is None else jax.random.fold_in(rng, t))
+
+    return decode_loop(
+        make_step_fn(model, params, inputs_segment_ids),
+        cache,
+        logits,
+        max_length=max_length,
+        eos_id=eos_id,
+        choose=choose,
+        prompts=prompts,
+        prompt_lengths=prompt_lengths,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Uncached reference.
 
 
 def greedy_decode(
@@ -54,4 +411,4 @@ def greedy_decode(
         return tokens.at[:, t].set(next_token)
 
     tokens = jax.lax.fori_loop(0, max_length, step, jnp.zeros((batch, max_length), jnp.int32))
-    return jnp.where(_after_eos(tokens, eos_id), 0, tokens)
+    return jnp.where(after_eos(tokens, eos_id), 0, tokens)

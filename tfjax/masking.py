@@ -14,8 +14,8 @@ Components and sources:
   §3.1.2 / mesh-tensorflow `*_segmentation` features): tokens attend only within their segment.
 - `window_mask`: restricted self-attention over a neighbourhood of size r (Vaswani et al. 2017,
   §4 and Table 1).
-- `decode_mask`: autoregressive decoding with a key/value cache (Vaswani et al. 2017, §3.2.3,
-  applied one step at a time).
+- `decode_mask`, `cached_causal_mask`: autoregressive decoding with a key/value cache (Vaswani
+  et al. 2017, §3.2.3, applied one step at a time).
 """
 
 import functools
@@ -242,6 +242,38 @@ def decode_mask(cache_index: Int[Array, ""] | int, max_length: int) -> Bool[Arra
         raise ValueError(f"cache_index must be in [0, max_length={max_length}), got {cache_index}")
     kv_pos = jnp.arange(max_length, dtype=jnp.int32)  # [S]
     return (kv_pos <= cache_index)[None, None, None, :]  # [1, 1, 1, S]
+
+
+def cached_causal_mask(
+    positions: Int[Array, "B L"], kv_length: int, *, window_radius: int = 0
+) -> Bool[Array, "B 1 L S"]:
+    """Causal mask of L new queries against a key/value cache whose slot j holds position j.
+
+    Query (b, i) at position p = positions[b, i] sees slot j iff j <= p, and with a window
+    radius r > 0 also p - j <= r (causal restricted self-attention, Vaswani et al. 2017,
+    Table 1). Slots after p (not written yet) are hidden.
+
+    Args:
+        positions: [B, L] int positions of the new queries (may be traced).
+        kv_length: S, number of cache slots (>= 1).
+        window_radius: r >= 0; 0 = no window.
+
+    Returns:
+        [B, 1, L, S] bool.
+
+    Raises:
+        ValueError: if `positions` is not 2-D, `kv_length` < 1 or `window_radius` < 0.
+    """
+    if positions.ndim != 2:
+        raise ValueError(f"positions must be 2-D [B, L], got shape {tuple(positions.shape)}")
+    if kv_length < 1:
+        raise ValueError(f"kv_length must be an int >= 1, got {kv_length}")
+    _check_nonnegative("window_radius", window_radius)
+    offsets = positions[:, None, :, None] - jnp.arange(kv_length, dtype=jnp.int32)  # [B, 1, L, S]
+    mask = offsets >= 0
+    if window_radius:
+        mask = mask & (offsets <= window_radius)
+    return mask
 
 
 # ---------------------------------------------------------------------------------------------

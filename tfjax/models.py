@@ -305,6 +305,38 @@ class EncoderDecoder(nn.Module, _OutputMixin):
         )
         return self._logits(x)
 
+    def decode_step(
+        self,
+        tokens: Int[Array, "B L"],
+        *,
+        positions: Int[Array, "B L"],
+        encoded: Float[Array, "B S D"] | None = None,
+        inputs_segment_ids: Int[Array, "B S"] | None = None,
+    ) -> Float[Array, "B L V"]:
+        """One cached decoding step (apply with `mutable=["cache"]`; see `tfjax.decoding`).
+
+        Args:
+          tokens: [B, 1] decoder inputs, not shifted: BOS at step 0, then the previous outputs
+            (the full [B, max_len] when `init` creates the cache).
+          positions: [B, 1] int positions of `tokens` (= the cache slot they are written to).
+          encoded: [B, S, D] encoder output: given, it (re)fills the cross-attention cache;
+            None reuses the cached encoder keys/values.
+          inputs_segment_ids: [B, S] source segment ids (0 = padding), or None.
+
+        Returns:
+          [B, 1, V] next-token logits.
+        """
+        x = self.decoder(
+            tokens,
+            encoded=encoded,
+            segment_ids=None,
+            positions=positions,
+            encoded_segment_ids=inputs_segment_ids,
+            deterministic=True,
+            decode=True,
+        )
+        return self._logits(x)
+
     def __call__(
         self,
         inputs: Int[Array, "B S"],
@@ -409,6 +441,15 @@ class DecoderOnly(nn.Module, _OutputMixin):
             segment_ids=targets_segment_ids,
             positions=targets_positions,
             deterministic=deterministic,
+        )
+        return self._logits(x)
+
+    def decode_step(
+        self, tokens: Int[Array, "B L"], *, positions: Int[Array, "B L"]
+    ) -> Float[Array, "B L V"]:
+        """Cached step: [B, 1] inputs (BOS, then previous outputs) at [B, 1] positions -> logits."""
+        x = self.decoder(
+            tokens, segment_ids=None, positions=positions, deterministic=True, decode=True
         )
         return self._logits(x)
 

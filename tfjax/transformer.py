@@ -67,6 +67,7 @@ def _attention(cfg, name: str, *, self_attention: bool) -> attention.MultiHeadAt
         rope_base=cfg.rope_base,
         use_bias=cfg.use_bias,
         implementation=cfg.attention_impl,
+        cross=not self_attention,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.params_dtype,
         name=name,
@@ -121,7 +122,11 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Masked self-attention, optional cross-attention over the encoder output, feed-forward."""
+    """Masked self-attention, optional cross-attention over the encoder output, feed-forward.
+
+    With `decode=True` both attentions use the "cache" collection (see
+    `attention.MultiHeadAttention`); `encoded` may then be None to reuse the cached encoder keys.
+    """
 
     config: "object"
     cross_attention: bool = True
@@ -137,13 +142,19 @@ class DecoderLayer(nn.Module):
         bias,
         positions,
         deterministic: bool,
+        decode: bool = False,
     ) -> Float[Array, "B L D"]:
         cfg = self.config
         attn = _attention(cfg, "self_attention", self_attention=True)
         x = _residual(cfg, "self_attention_residual")(
             x,
             lambda h: attn(
-                h, mask=mask, bias=bias, q_positions=positions, deterministic=deterministic
+                h,
+                mask=mask,
+                bias=bias,
+                q_positions=positions,
+                deterministic=deterministic,
+                decode=decode,
             ),
             deterministic=deterministic,
         )
@@ -151,7 +162,9 @@ class DecoderLayer(nn.Module):
             cross = _attention(cfg, "cross_attention", self_attention=False)
             x = _residual(cfg, "cross_attention_residual")(
                 x,
-                lambda h: cross(h, encoded, mask=cross_mask, deterministic=deterministic),
+                lambda h: cross(
+                    h, encoded, mask=cross_mask, deterministic=deterministic, decode=decode
+                ),
                 deterministic=deterministic,
             )
         mlp = _feed_forward(cfg)
@@ -230,7 +243,13 @@ class Encoder(_Stack):
 
 
 class Decoder(_Stack):
-    """Embeddings and decoder layers with causal self-attention (and cross-attention)."""
+    """Embeddings and decoder layers with causal self-attention (and cross-attention).
+
+    With `decode=True` the tokens are the L new decoder inputs (usually L = 1) at `positions`,
+    and self-attention runs over the key/value cache: slot j holds position j, so a query at
+    position p sees slots j <= p (and p - j <= window radius). Cross-attention reuses the cached
+    encoder keys when `encoded` is None. Packed segments are not supported while decoding.
+    """
 
     config: "object"
     embed: layers.Embed
@@ -246,33 +265,23 @@ class Decoder(_Stack):
         positions: Int[Array, "B L"] | None,
         encoded_segment_ids: Array | None = None,
         deterministic: bool,
+        decode: bool = False,
     ) -> Float[Array, "B L D"]:
         cfg = self.config
-        length = tokens.shape[1]
+        if decode and (positions is None or segment_ids is not None):
+            raise ValueError("decode=True needs the new tokens' positions and no segment_ids")
         positions = _default_positions(tokens) if positions is None else positions
         x = Embedder(cfg, self.embed, name="embedder")(
             tokens, positions, deterministic=deterministic
         )
-        window = (
-            masking.window_mask(length, cfg.window_radius, causal=True)
-            if cfg.window_radius
-            else None
-        )
-        mask = masking.combine_masks(
-            masking.causal_mask(length),
-            window,
-            None if segment_ids is None else masking.segment_mask(segment_ids),
-        )
+        if decode:
+            mask, bias = self._decode_mask_and_bias(positions, tokens.shape[1])
+        else:
+            mask = self._causal_mask(tokens.shape[1], segment_ids)
+            bias = self._position_bias(positions, positions, bidirectional=False)
         cross_mask = None
-        if self.cross_attention and (segment_ids is not None or encoded_segment_ids is not None):
-            q_seg = jnp.ones_like(tokens) if segment_ids is None else segment_ids
-            kv_seg = (
-                jnp.ones(encoded.shape[:2], jnp.int32)
-                if encoded_segment_ids is None
-                else encoded_segment_ids
-            )
-            cross_mask = masking.cross_attention_mask(q_seg, kv_seg)
-        bias = self._position_bias(positions, positions, bidirectional=False)
+        if self.cross_attention:
+            cross_mask = _cross_mask(tokens, encoded, segment_ids, encoded_segment_ids)
         num_layers = cfg.num_decoder_layers if self.cross_attention else cfg.num_layers
         for i in range(num_layers):
             x = DecoderLayer(cfg, self.cross_attention, name=f"layer_{i}")(
@@ -283,5 +292,45 @@ class Decoder(_Stack):
                 bias=bias,
                 positions=positions,
                 deterministic=deterministic,
+                decode=decode,
             )
         return self._final(x)
+
+    def _causal_mask(self, length: int, segment_ids: Array | None) -> Array:
+        """[B|1, 1, L, L]: causal, optionally windowed, within segments."""
+        radius = self.config.window_radius
+        return masking.combine_masks(
+            masking.causal_mask(length),
+            masking.window_mask(length, radius, causal=True) if radius else None,
+            None if segment_ids is None else masking.segment_mask(segment_ids),
+        )
+
+    def _decode_mask_and_bias(self, positions: Array, length: int) -> tuple[Array, Array | None]:
+        """Mask [B, 1, L, S] and bias [B, N, L, S] of new queries against the S cache slots."""
+        kv_length = self._cache_length(length)
+        mask = masking.cached_causal_mask(
+            positions, kv_length, window_radius=self.config.window_radius
+        )
+        kv_positions = jnp.arange(kv_length, dtype=jnp.int32)  # [S]
+        kv_positions = jnp.broadcast_to(kv_positions, (positions.shape[0], kv_length))  # [B, S]
+        return mask, self._position_bias(positions, kv_positions, bidirectional=False)
+
+    def _cache_length(self, length: int) -> int:
+        """S, the slots of the self-attention cache; `length` while the cache is being created."""
+        layer = self.variables.get("cache", {}).get("layer_0", {}).get("self_attention", {})
+        return layer["cached_key"].shape[1] if "cached_key" in layer else length
+
+
+def _cross_mask(
+    tokens: Array, encoded: Array | None, segment_ids: Array | None, encoded_segment_ids
+) -> Array | None:
+    """[B, 1, L, S] decoder-encoder mask from segment ids, or None when there are none."""
+    if segment_ids is None and encoded_segment_ids is None:
+        return None
+    q_seg = jnp.ones_like(tokens) if segment_ids is None else segment_ids
+    kv_seg = (
+        jnp.ones(encoded.shape[:2], jnp.int32)
+        if encoded_segment_ids is None
+        else encoded_segment_ids
+    )
+    return masking.cross_attention_mask(q_seg, kv_seg)

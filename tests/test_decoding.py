@@ -1,0 +1,271 @@
+"""Tests for tfjax.decoding: the KV cache against full recomputation, generation and sampling.
+
+Tolerance: cached and uncached logits agree to 1e-5 (float32, tiny models with fixed params).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tfjax import decoding, masking, models
+
+TINY = dict(
+    vocab_size=20,
+    embed_dim=16,
+    num_layers=1,
+    num_decoder_layers=2,
+    num_heads=4,
+    mlp_dim=32,
+    max_len=16,
+    dropout_rate=0.0,
+)
+SRC = jnp.array([[5, 6, 7, 8, 9, 3], [10, 11, 12, 3, 0, 0]], jnp.int32)
+SRC_SEG = (SRC > 0).astype(jnp.int32)
+TGT = jnp.array([[4, 5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16, 17]], jnp.int32)
+ATOL = 1e-5
+# Compiling dominates these tests on CPU; XLA's backend optimisation level 0 halves it.
+_jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+NO_EOS = -1  # an id that never occurs: rows run to max_length
+
+
+@functools.cache
+def _model(kind: str = "encoder_decoder", **overrides):
+    cfg = models.ModelConfig(**{**TINY, "kind": kind, **overrides})
+    model = models.create_model(cfg)
+    args = (SRC, TGT) if kind == "encoder_decoder" else (TGT,)
+    return model, _jit(model.init)(jax.random.key(0), *args)["params"]
+
+
+def _without_cross_projection(params):
+    """params with the cross-attention key/value projections zeroed."""
+    projections = {"kv", "key", "value", "value_down", "value_up"}
+
+    def zero(path, x):
+        names = {getattr(k, "key", None) for k in path}
+        return jnp.zeros_like(x) if "cross_attention" in names and names & projections else x
+
+    return jax.tree_util.tree_map_with_path(zero, params)
+
+
+def _cached_and_full_logits(model, params, inputs, targets):
+    """(cached, full) logits [B, L, V]: the decoder inputs fed one position at a time through
+    the cache (`lax.scan`), and the uncached model over the whole targets.
+
+    Steps after the first get params without the cross-attention key/value projections, so
+    they match only if the encoder keys/values come from the cache (projected once).
+    """
+    b, length = targets.shape
+    seg = None if inputs is None else SRC_SEG
+
+    @_jit
+    def run(params):
+        decoder_inputs = models.shift_right(targets, 1)
+        logits, cache = decoding.first_step(
+            model,
+            params,
+            batch_size=b,
+            max_length=length,
+            bos_id=1,
+            inputs=inputs,
+            inputs_segment_ids=seg,
+        )
+        step_fn = decoding.make_step_fn(model, _without_cross_projection(params), seg)
+
+        def step(cache, t):
+            tokens = jax.lax.dynamic_slice_in_dim(decoder_inputs, t, 1, axis=1)  # [B, 1]
+            logits, cache = step_fn(tokens, jnp.full((b, 1), t, jnp.int32), cache)
+            return cache, logits
+
+        _, rest = jax.lax.scan(step, cache, jnp.arange(1, length))  # [L - 1, B, V]
+        cached = jnp.concatenate([logits[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)
+        args = (targets,) if inputs is None else (inputs, targets)
+        kwargs = {} if inputs is None else {"inputs_segment_ids": seg}
+        return cached, model.apply({"params": params}, *args, **kwargs)
+
+    return run(params)
+
+
+CACHE_VARIANTS = {
+    "sinusoidal": dict(),
+    "rotary": dict(positional="rotary"),
+    "relative": dict(positional="relative"),
+    "alibi": dict(positional="alibi"),
+    "gqa": dict(num_kv_heads=1),
+}
+
+
+@pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
+@pytest.mark.parametrize("variant", CACHE_VARIANTS)
+def test_cached_logits_equal_full_recompute_at_every_step(kind, variant):
+    model, params = _model(kind, **CACHE_VARIANTS[variant])
+    inputs = SRC if kind == "encoder_decoder" else None
+    cached, full = _cached_and_full_logits(model, params, inputs, TGT)
+    np.testing.assert_allclose(cached, full, atol=ATOL)
+
+
+def test_cached_decoder_only_with_window_and_learned_positions():
+    model, params = _model("decoder_only", window_radius=2, positional="learned")
+    cached, full = _cached_and_full_logits(model, params, None, TGT)
+    np.testing.assert_allclose(cached, full, atol=ATOL)
+
+
+def test_init_cache_shapes_and_zeros():
+    model, params = _model(num_kv_heads=2)
+    cache = decoding.init_cache(model, params, batch_size=3, max_length=9, source_length=5)
+    layer = cache["decoder"]["layer_1"]
+    assert layer["self_attention"]["cached_key"].shape == (3, 9, 2, 4)
+    assert layer["self_attention"]["cache_index"].shape == ()
+    assert layer["cross_attention"]["cached_cross_value"].shape == (3, 5, 2, 4)
+    assert all(not np.asarray(x).any() for x in jax.tree.leaves(cache))
+    with pytest.raises(ValueError, match="source_length"):
+        decoding.init_cache(model, params, batch_size=3, max_length=9)
+
+
+def test_cached_causal_mask_is_literal():
+    mask = masking.cached_causal_mask(jnp.array([[2], [0]]), 4, window_radius=1)
+    np.testing.assert_array_equal(mask[:, 0, 0], [[0, 1, 1, 0], [1, 0, 0, 0]])
+
+
+@functools.cache
+def _jit_generate(model, **static):
+    return _jit(functools.partial(decoding.generate, model, **static))
+
+
+@functools.cache
+def _greedy_reference():
+    """Uncached greedy tokens [B, 8] without EOS, and an EOS id the model emits at t = 3."""
+    model, params = _model()
+    greedy = functools.partial(decoding.greedy_decode, model, max_length=8, eos_id=NO_EOS)
+    raw = _jit(greedy)(params, SRC, inputs_segment_ids=SRC_SEG)
+    return raw, int(raw[0, 3])
+
+
+def test_cached_greedy_equals_uncached_greedy_with_padded_sources():
+    model, params = _model()
+    raw, eos = _greedy_reference()
+    # greedy_decode masks after EOS at the end, so masking `raw` equals calling it with `eos`.
+    reference = jnp.where(decoding.after_eos(raw, eos), 0, raw)
+    assert (reference == eos).any() and (reference == 0).any()
+    out = _jit_generate(model, max_length=8, eos_id=eos)(
+        params, inputs=SRC, inputs_segment_ids=SRC_SEG
+    )
+    np.testing.assert_array_equal(out, reference)
+
+
+@functools.cache
+def _jit_apply(model):
+    return _jit(model.apply)
+
+
+def _uncached_lm_greedy(model, params, prompt, max_length, eos):
+    """Row by row: the full model over the buffer, argmax at the next position."""
+    apply = _jit_apply(model)
+    buf = np.zeros((1, max_length), np.int32)
+    buf[0, : len(prompt)] = prompt
+    for t in range(len(prompt), max_length):
+        buf[0, t] = int(jnp.argmax(apply({"params": params}, jnp.asarray(buf))[0, t]))
+        if buf[0, t] == eos:
+            break
+    return buf[0]
+
+
+def test_decoder_only_prompts_of_different_lengths_equal_uncached_rows():
+    model, params = _model("decoder_only", positional="rotary")
+    prompts = jnp.array([[4, 5, 6, 7], [8, 9, 0, 0]], jnp.int32)
+    lengths = jnp.array([4, 2], jnp.int32)
+    eos = int(_uncached_lm_greedy(model, params, np.asarray(prompts[0]), 10, NO_EOS)[6])
+    out = _jit_generate(model, max_length=10, eos_id=eos)(
+        params, prompts=prompts, prompt_lengths=lengths
+    )
+    for b, length in enumerate([4, 2]):
+        expected = _uncached_lm_greedy(model, params, np.asarray(prompts[b, :length]), 10, eos)
+        np.testing.assert_array_equal(out[b], expected)
+    assert (out == eos).any() and (out[:, -1] == 0).any()
+
+
+def test_sampling_top_k_1_is_greedy():
+    model, params = _model()
+    _, eos = _greedy_reference()
+    kwargs = dict(inputs=SRC, inputs_segment_ids=SRC_SEG)
+    greedy = _jit_generate(model, max_length=8, eos_id=eos)(params, **kwargs)
+    top1 = _jit_generate(model, max_length=8, eos_id=eos, temperature=1.0, top_k=1)
+    np.testing.assert_array_equal(top1(params, rng=jax.random.key(3), **kwargs), greedy)
+    logits = jax.random.normal(jax.random.key(0), (4, 20))
+    np.testing.assert_array_equal(
+        decoding.sample_logits(logits, jax.random.key(1), temperature=0.5, top_k=1),
+        jnp.argmax(logits, axis=-1),
+    )
+
+
+def test_sampling_is_seeded():
+    model, params = _model("decoder_only", positional="rotary")
+    sample = _jit_generate(model, max_length=10, eos_id=NO_EOS, temperature=2.0, top_p=0.95)
+    prompts = jnp.array([[4, 5], [8, 9]], jnp.int32)
+    a = sample(params, prompts=prompts, rng=jax.random.key(1))
+    np.testing.assert_array_equal(a, sample(params, prompts=prompts, rng=jax.random.key(1)))
+    assert not np.array_equal(a, sample(params, prompts=prompts, rng=jax.random.key(2)))
+    np.testing.assert_array_equal(a[:, :2], prompts)
+
+
+def test_filter_top_k_keeps_the_k_largest():
+    logits = jnp.array([[1.0, 4.0, 3.0, 2.0], [0.0, -1.0, 5.0, 5.0]])
+    kept = decoding.filter_top_k(logits, 2) > decoding.FILTERED
+    np.testing.assert_array_equal(kept, [[0, 1, 1, 0], [0, 0, 1, 1]])
+    np.testing.assert_array_equal(decoding.filter_top_k(logits, 0), logits)
+
+
+def test_filter_top_p_keeps_the_smallest_set_reaching_p():
+    probs = jnp.array([[0.5, 0.05, 0.3, 0.15], [0.9, 0.04, 0.03, 0.03]])
+    logits = jnp.log(probs)
+    kept = lambda p: np.asarray(decoding.filter_top_p(logits, p) > decoding.FILTERED)  # noqa: E731
+    np.testing.assert_array_equal(kept(0.7), [[1, 0, 1, 0], [1, 0, 0, 0]])
+    np.testing.assert_array_equal(kept(0.85), [[1, 0, 1, 1], [1, 0, 0, 0]])
+    np.testing.assert_array_equal(kept(0.01), [[1, 0, 0, 0], [1, 0, 0, 0]])  # at least one
+    np.testing.assert_array_equal(kept(1.0), np.ones((2, 4)))
+    with pytest.raises(ValueError, match="top_p"):
+        decoding.filter_top_p(logits, 0.0)
+
+
+def test_decode_loop_stops_at_eos_and_pads_finished_rows():
+    # Stub model: the logits of position t are fixed; row 0 says EOS (2) at t = 1, row 1 at t = 3.
+    wanted = jnp.array([[5, 2, 7, 8, 9], [6, 7, 8, 2, 9]], jnp.int32)  # [B, T]
+    table = jax.nn.one_hot(wanted.T, 10) * 10.0  # [T, B, V]
+
+    def step_fn(tokens, positions, cache):
+        return table[positions[0, 0]], cache + 1
+
+    out = decoding.decode_loop(
+        step_fn,
+        jnp.zeros((), jnp.int32),
+        table[0],
+        max_length=5,
+        eos_id=2,
+        choose=lambda logits, t: jnp.argmax(logits, -1),
+    )
+    np.testing.assert_array_equal(out, [[5, 2, 0, 0, 0], [6, 7, 8, 2, 0]])
+    forced = decoding.decode_loop(
+        step_fn,
+        jnp.zeros((), jnp.int32),
+        table[0],
+        max_length=5,
+        eos_id=2,
+        choose=lambda logits, t: jnp.argmax(logits, -1),
+        prompts=jnp.array([[2, 3], [4, 0]], jnp.int32),
+        prompt_lengths=jnp.array([2, 1]),
+    )
+    # A prompt EOS does not end row 0; generation resumes at t = 2.
+    np.testing.assert_array_equal(forced, [[2, 3, 7, 8, 9], [4, 7, 8, 2, 0]])
+
+
+def test_generate_rejects_bad_arguments():
+    model, params = _model()
+    base = dict(max_length=4, eos_id=2)
+    with pytest.raises(ValueError, match="rng"):
+        decoding.generate(model, params, inputs=SRC, temperature=1.0, **base)
+    with pytest.raises(ValueError, match="inputs"):
+        decoding.generate(model, params, prompts=SRC, **base)
+    with pytest.raises(ValueError, match="temperature"):
+        decoding.generate(model, params, inputs=SRC, temperature=-1.0, **base)

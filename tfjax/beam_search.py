@@ -1,0 +1,250 @@
+"""Beam search with a length penalty over the KV cache, for encoder-decoder models.
+
+Sources:
+- length penalty lp(Y) = ((5 + |Y|) / 6)^alpha, hypotheses ranked by log P(Y|X) / lp(Y): Wu et al.
+  2016 (GNMT), §7; beam size 4 and alpha 0.6 for translation: Vaswani et al. 2017, §6.1;
+- each step expands every alive beam, keeps the 2W best candidates so that W of them do not end
+  in EOS (tensor2tensor's beam search), and finalises an EOS candidate only when it ranks among
+  the top W of its step (fairseq, Ott et al. 2019), so beam size 1 with alpha 0 is greedy;
+- early stopping: a row is done when its W finished hypotheses all score at least the best
+  alive log-prob divided by lp(max_length), the most any alive beam can still reach (log-probs
+  only fall, and lp grows with length for alpha >= 0).
+
+|Y| counts the generated tokens, EOS included (BOS excluded). The encoder runs once per source;
+its cached keys/values are tiled to the W beams of the source (rows b * W + i), and every step
+reorders the cache along the batch axis to follow the surviving beams.
+"""
+
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from tfjax import decoding
+
+# Log-prob of impossible beams: finite (never -inf) so that sums and divisions stay finite.
+NEG = -1.0e7
+
+
+def length_penalty(length: Any, alpha: float) -> Any:
+    """GNMT length penalty ((5 + length) / 6)^alpha (Wu et al. 2016, §7); length >= 1."""
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+class BeamState(NamedTuple):
+    """Loop state; W = beam size, L = max_length, V = vocabulary."""
+
+    t: Int[Array, ""]  # tokens generated so far
+    alive_seqs: Int[Array, "B W L"]
+    alive_log_probs: Float[Array, "B W"]  # sorted, best first
+    finished_seqs: Int[Array, "B W L"]
+    finished_scores: Float[Array, "B W"]  # log-prob / lp(|Y|), sorted, best first
+    finished_flags: Bool[Array, "B W"]  # False: an empty slot (score NEG)
+    cache: Any  # rows b * W + i
+    logits: Float[Array, "BW V"]  # next-token logits of every alive beam
+
+
+def _gather(x: Array, indices: Array) -> Array:
+    """x [B, W, ...] at beam indices [B, W'] -> [B, W', ...]."""
+    indices = indices.reshape(indices.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, indices, axis=1)
+
+
+def reorder_cache(cache: Any, beam_indices: Int[Array, "B W"]) -> Any:
+    """Gathers rows b * W + beam_indices[b, i] of every cache array (scalars stay as they are)."""
+    b, w = beam_indices.shape
+    rows = (jnp.arange(b)[:, None] * w + beam_indices).reshape(b * w)  # [B * W]
+    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0) if x.ndim else x, cache)
+
+
+def _tile(tree: Any, beam_size: int) -> Any:
+    """Repeats every array's rows beam_size times along axis 0 (row b -> rows b * W + i)."""
+    return jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0) if x.ndim else x, tree)
+
+
+def _merge_finished(state: BeamState, seqs, log_probs, is_eos, alpha: float):
+    """Adds EOS candidates ranked in the top W of this step to the finished pool; keeps W."""
+    w = state.finished_scores.shape[1]
+    rank_ok = jnp.arange(seqs.shape[1]) < w  # [2W]
+    ok = is_eos & rank_ok & (log_probs > NEG / 2)  # [B, 2W]
+    scores = jnp.where(ok, log_probs / length_penalty(state.t + 1, alpha), NEG)
+    all_scores = jnp.concatenate([state.finished_scores, scores], axis=1)  # [B, 3W]
+    all_flags = jnp.concatenate([state.finished_flags, ok], axis=1)
+    all_seqs = jnp.concatenate([state.finished_seqs, seqs], axis=1)  # [B, 3W, L]
+    top_scores, keep = jax.lax.top_k(all_scores, w)  # [B, W]
+    return _gather(all_seqs, keep), top_scores, _gather(all_flags, keep)
+
+
+def beam_step(
+    state: BeamState, *, eos_id: int, alpha: float
+) -> tuple[BeamState, Int[Array, "B W"], Int[Array, "B W"]]:
+    """Selects the next W alive beams and updates the finished pool (pure; no model call).
+
+    Returns:
+      (state with t + 1 and without cache/logits updates, parent beam [B, W] of each new alive
+      beam, its new token [B, W]).
+    """
+    b, w, _ = state.alive_seqs.shape
+    log_probs = jax.nn.log_softmax(state.logits.astype(jnp.float32), axis=-1)
+    log_probs = log_probs.reshape(b, w, -1)  # [B, W, V]
+    vocab = log_probs.shape[-1]
+    candidates = (state.alive_log_probs[:, :, None] + log_probs).reshape(b, w * vocab)
+    top_lp, top_index = jax.lax.top_k(candidates, 2 * w)  # [B, 2W]
+    parent, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
+    seqs = _gather(state.alive_seqs, parent)  # [B, 2W, L]
+    seqs = jax.lax.dynamic_update_slice(seqs, token[:, :, None], (0, 0, state.t))
+    is_eos = token == eos_id
+    alive_lp, keep = jax.lax.top_k(jnp.where(is_eos, NEG, top_lp), w)  # [B, W]
+    fin_seqs, fin_scores, fin_flags = _merge_finished(state, seqs, top_lp, is_eos, alpha)
+    new_state = state._replace(
+        t=state.t + 1,
+        alive_seqs=_gather(seqs, keep),
+        alive_log_probs=alive_lp,
+        finished_seqs=fin_seqs,
+        finished_scores=fin_scores,
+        finished_flags=fin_flags,
+    )
+    return new_state, _gather(parent, keep), _gather(token, keep)
+
+
+def should_continue(state: BeamState, *, max_length: int, alpha: float) -> Bool[Array, ""]:
+    """Whether some row can still improve its finished pool (and t < max_length)."""
+    best_alive = state.alive_log_probs[:, 0] / length_penalty(max_length, alpha)  # [B]
+    worst_finished = jnp.min(state.finished_scores, axis=1)  # NEG while a slot is empty
+    done = jnp.all(state.finished_flags, axis=1) & (worst_finished >= best_alive)
+    return (state.t < max_length) & ~jnp.all(done)
+
+
+def finalise(
+    state: BeamState, *, num_return: int, alpha: float
+) -> tuple[Int[Array, "B n L"], Float[Array, "B n"]]:
+    """The n best finished hypotheses, best first; rows with fewer get the best alive ones."""
+    num_finished = jnp.sum(state.finished_flags, axis=1)[:, None]  # [B, 1]
+    slot = jnp.arange(num_return)[None, :]  # [1, n]
+    use_finished = slot < num_finished  # [B, n]
+    alive_slot = jnp.clip(slot - num_finished, 0, state.alive_seqs.shape[1] - 1)  # [B, n]
+    alive_scores = state.alive_log_probs / length_penalty(jnp.maximum(state.t, 1), alpha)
+    seqs = jnp.where(
+        use_finished[:, :, None],
+        state.finished_seqs[:, :num_return],
+        _gather(state.alive_seqs, alive_slot),
+    )  # [B, n, L]
+    scores = jnp.where(
+        use_finished,
+        state.finished_scores[:, :num_return],
+        jnp.take_along_axis(alive_scores, alive_slot, axis=1),
+    )
+    return seqs, scores
+
+
+def _check_options(beam_size: int, alpha: float, num_return: int) -> None:
+    if beam_size < 1 or not 1 <= num_return <= beam_size:
+        raise ValueError(f"need 1 <= num_return <= beam_size, got {num_return}, {beam_size}")
+    if alpha < 0.0:
+        raise ValueError(f"alpha must be >= 0 (the stopping bound needs it), got {alpha}")
+
+
+def _initial_state(logits: Array, cache: Any, beam_size: int, max_length: int) -> BeamState:
+    """W copies of each source's first step; only beam 0 is alive (the others are NEG)."""
+    b, w = logits.shape[0], beam_size
+    alive_log_probs = jnp.where(jnp.arange(w) == 0, 0.0, NEG)  # [W]
+    return BeamState(
+        t=jnp.zeros((), jnp.int32),
+        alive_seqs=jnp.zeros((b, w, max_length), jnp.int32),
+        alive_log_probs=jnp.broadcast_to(alive_log_probs, (b, w)).astype(jnp.float32),
+        finished_seqs=jnp.zeros((b, w, max_length), jnp.int32),
+        finished_scores=jnp.full((b, w), NEG, jnp.float32),
+        finished_flags=jnp.zeros((b, w), bool),
+        cache=_tile(cache, w),
+        logits=_tile(logits, w),  # [B * W, V]
+    )
+
+
+def beam_search(
+    model: nn.Module,
+    params: Any,
+    inputs: Int[Array, "B S"],
+    *,
+    inputs_segment_ids: Int[Array, "B S"] | None = None,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_length: int,
+    eos_id: int,
+    num_return: int = 1,
+    bos_id: int | None = None,
+) -> tuple[Int[Array, "B n L"], Float[Array, "B n"]]:
+    """Beam search translation with an encoder-decoder model and the KV cache.
+
+    Args:
+      model: an `EncoderDecoder`; params: its parameters.
+      inputs: [B, S] source ids; `inputs_segment_ids` [B, S] marks padding with 0.
+      beam_size: W.
+      alpha: length-penalty exponent (0 = rank by log-prob alone).
+      max_length: L, the longest target (EOS included).
+      eos_id: ends a hypothesis; positions after it are 0.
+      num_return: n <= W hypotheses to return per source.
+      bos_id: first decoder input; None = `model.config.bos_id`.
+
+    Returns:
+      (int32 [B, n, L] hypotheses, float32 [B, n] scores log P(Y|X) / lp(|Y|)), finished
+      hypotheses best first, then (for rows with fewer than n) the best unfinished ones.
+
+    Raises:
+      ValueError: for another model kind or bad options.
+    """
+    decoding.check_model(model, ("encoder_decoder",), max_length)
+    _check_options(beam_size, alpha, num_return)
+    bos_id = model.config.bos_id if bos_id is None else bos_id
+    logits, cache = decoding.first_step(
+        model,
+        params,
+        batch_size=inputs.shape[0],
+        max_length=max_length,
+        bos_id=bos_id,
+        inputs=inputs,
+        inputs_segment_ids=inputs_segment_ids,
+    )
+    beam_segment_ids = None if inputs_segment_ids is None else _tile(inputs_segment_ids, beam_size)
+    step_fn = decoding.make_step_fn(model, params, beam_segment_ids)
+
+    def body(state: BeamState) -> BeamState:
+        state, parent, token = beam_step(state, eos_id=eos_id, alpha=alpha)
+        cache = reorder_cache(state.cache, parent)
+        t = state.t - 1
+        logits, cache = decoding.next_step(
+            step_fn, t, max_length, token.reshape(-1), state.logits, cache
+        )
+        return state._replace(cache=cache, logits=logits)
+
+    state = jax.lax.while_loop(
+        lambda state: should_continue(state, max_length=max_length, alpha=alpha),
+        body,
+        _initial_state(logits, cache, beam_size, max_length),
+    )
+    return finalise(state, num_return=num_return, alpha=alpha)
+
+
+def sequence_log_prob(
+    model: nn.Module,
+    params: Any,
+    inputs: Int[Array, "B S"],
+    targets: Int[Array, "B L"],
+    *,
+    eos_id: int,
+    inputs_segment_ids: Int[Array, "B S"] | None = None,
+) -> Float[Array, " B"]:
+    """log P(targets | inputs) under the (uncached) model, summed up to and including the first
+    EOS of each row (the whole row when it has none)."""
+    logits = model.apply(
+        {"params": params}, inputs, targets, inputs_segment_ids=inputs_segment_ids
+    )  # [B, L, V]
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    token_lp = jnp.take_along_axis(log_probs, targets[:, :, None], axis=-1)[:, :, 0]  # [B, L]
+    return jnp.sum(jnp.where(decoding.after_eos(targets, eos_id), 0.0, token_lp), axis=1)
+
+
+def sequence_lengths(targets: Int[Array, "B L"], eos_id: int) -> Int[Array, " B"]:
+    """|Y| per row: tokens up to and including the first EOS (L when there is none)."""
+    return jnp.sum(~decoding.after_eos(targets, eos_id), axis=1).astype(jnp.int32)
