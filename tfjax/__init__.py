@@ -11,9 +11,11 @@ __version__ = "0.1.0"
 
 _SUBMODULES = (
     "attention",
+    "beam_search",
     "checkpointing",
     "data",
     "decoding",
+    "evaluation",
     "layers",
     "logger",
     "losses",
