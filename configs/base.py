@@ -36,8 +36,11 @@ PRESETS = {
         "model.num_decoder_layers": 2,
         "model.num_heads": 4,
         "model.mlp_dim": 256,
-        "optim.warmup_steps": 400,
-        "optim.learning_rate": 1.0,
+        # A short run ends converged with cosine decay to zero: with the paper's rsqrt tail
+        # SCAN exact match was 88% at 2,000 steps, with cosine 99.9% (README, Results).
+        "optim.schedule": "cosine",
+        "optim.learning_rate": 4e-3,
+        "optim.warmup_steps": 200,
         "train.num_train_steps": 2000,
         "train.global_batch_size": 64,
         "train.eval_every_steps": 1000,

@@ -40,6 +40,7 @@ class _Run:
     eval_step: Any
     abstract_state: Any
     optimizer: Any
+    greedy: Any  # jitted (params, inputs, segment_ids) -> [B, L] ids, seq2seq runs only
 
 
 def config_dict(config: ml_collections.ConfigDict) -> dict:
@@ -55,7 +56,13 @@ def _build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> _Run:
     fields["vocab_size"] = fields["vocab_size"] or examples.tokenizer.vocab_size
     model_config = models.ModelConfig(**fields)
     model = models.create_model(model_config)
-    optim_config = optim.OptimConfig(**config.optim)
+    optim_fields = config.optim.to_dict()
+    if optim_fields["schedule"] == "cosine" and not optim_fields["decay_steps"]:
+        # 0 = decay over the whole run, counted in applied updates.
+        optim_fields["decay_steps"] = (
+            config.train.num_train_steps // optim_fields["grad_accum_steps"]
+        )
+    optim_config = optim.OptimConfig(**optim_fields)
     optimizer, schedule = optim.make_optimizer(optim_config, model_config.embed_dim)
     strategy = parallel.create(config.parallel.mode, fsdp=config.parallel.fsdp)
     sample = jax.tree.map(lambda x: jnp.zeros((1, *x.shape), x.dtype), examples.train[0])
@@ -84,7 +91,24 @@ def _build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> _Run:
         eval_step,
         abstract_state,
         optimizer,
+        _make_greedy(model, config.data.max_target_len),
     )
+
+
+def _make_greedy(model, max_length: int):
+    """Cached greedy decoding (`decoding.generate`), jitted once per run."""
+
+    def greedy(params, inputs, segment_ids):
+        return decoding.generate(
+            model,
+            params,
+            inputs=inputs,
+            inputs_segment_ids=segment_ids,
+            max_length=max_length,
+            eos_id=tokenizers.EOS_ID,
+        )
+
+    return jax.jit(greedy)
 
 
 def restore(
@@ -180,35 +204,13 @@ def evaluate(run: _Run, params: Any, *, max_examples: int = 0) -> dict[str, floa
 
 
 def _greedy_exact_match(run: _Run, params: Any, batch: dict[str, np.ndarray]) -> dict:
-    decode = _jitted_greedy(run)
-    predictions = np.asarray(decode(params, batch["inputs"], batch["inputs_segment_ids"]))
+    predictions = np.asarray(run.greedy(params, batch["inputs"], batch["inputs_segment_ids"]))
     targets, valid = batch["targets"], batch["targets_segment_ids"] > 0
     rows = valid.any(axis=1)
     correct = np.all((predictions == targets) | ~valid, axis=1) & np.all(
         (predictions == 0) | valid, axis=1
     )
     return {"greedy_correct": float(np.sum(correct & rows)), "greedy_count": float(rows.sum())}
-
-
-_GREEDY_CACHE: dict[int, Any] = {}
-
-
-def _jitted_greedy(run: _Run):
-    key = id(run)
-    if key not in _GREEDY_CACHE:
-        _GREEDY_CACHE.clear()
-        length = run.config.data.max_target_len
-        _GREEDY_CACHE[key] = jax.jit(
-            lambda params, inputs, segments: decoding.greedy_decode(
-                run.model,
-                params,
-                inputs,
-                inputs_segment_ids=segments,
-                max_length=length,
-                eos_id=tokenizers.EOS_ID,
-            )
-        )
-    return _GREEDY_CACHE[key]
 
 
 class _Preemption:
