@@ -10,8 +10,8 @@ Presets (`--config=configs/base.py:NAME`):
   big   the paper's big model (d_model 1024, d_ff 4096, 16 heads, dropout 0.3).
   cpu   a small model for a 2-core CPU; the README's first command:
           python -m experiments.train --config=configs/base.py:cpu
-        Expected: SCAN simple-split test exact match >= 99% (see the README's results table for
-        the measured figure and wall time on a 2-core x86 CPU).
+        Expected on a 2-core x86 CPU: about 8 minutes; greedy exact match 99.98% on the 4,182
+        SCAN simple-split test commands (measured: 4,181 correct, 7m34s).
   tiny  seconds on CPU; used by the tests.
 
 Sweeps (`python -m experiments.sweep --config=configs/base.py:cpu --sweep=NAME`):

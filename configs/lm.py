@@ -8,7 +8,9 @@ sequences tops out near the share of target tokens.
 Presets (`--config=configs/lm.py:NAME`): `base` (paper-sized stack: 6 layers, d_model 512),
 `big` (d_model 1024, 16 heads), `cpu` (a small model for a 2-core CPU), `tiny` (tests).
   python -m experiments.train --config=configs/lm.py:cpu
-Expected (2-core x86 CPU): see the README's results table.
+Expected on a 2-core x86 CPU: about 2 minutes; test token accuracy about 0.58 (the ceiling: the
+random source half cannot be predicted) and greedy continuations of "s3 s1 s4 s9 |" that
+reverse the prompt (`python -m experiments.generate --workdir=runs/lm_cpu --prompt "..."`).
 
 Sweeps: `positional` (sinusoidal, rotary, alibi, relative), `norm` (post-LN vs pre-LN).
 """
@@ -29,12 +31,13 @@ PRESETS = {
         "model.num_heads": 4,
         "model.mlp_dim": 256,
         "model.dropout_rate": 0.0,
+        "optim.schedule": "cosine",
         "optim.warmup_steps": 200,
-        "optim.learning_rate": 2.0,
-        "train.num_train_steps": 1000,
+        "optim.learning_rate": 3e-3,
+        "train.num_train_steps": 2000,
         "train.global_batch_size": 64,
-        "train.eval_every_steps": 500,
-        "train.checkpoint_every_steps": 500,
+        "train.eval_every_steps": 1000,
+        "train.checkpoint_every_steps": 1000,
         "train.log_every_steps": 50,
     },
     "tiny": {
@@ -70,6 +73,7 @@ def get_config(arg: str | None = None):
             "max_target_len": 27,
             "num_train_examples": 20000,
             "num_eval_examples": 1000,
+            "pack": True,
         },
     )
     return common.apply_preset(config, PRESETS, arg)

@@ -1,0 +1,232 @@
+"""Benchmarks: `python -m experiments.bench [--bench=train,decode] [--repeats=5]`.
+
+Every sub-benchmark prints one JSON line: the shape, tokens/s (median, min, max over repeats
+after a warm-up), compile time, peak resident memory of the process, and the jax/flax versions
+and device. `train` adds model FLOPs per step (formula in the output) and model FLOPs
+utilisation against the host's matmul ceiling, which the harness measures itself (a jitted
+float32 `jnp.dot`).
+
+The default shape is the benchmark shape of the project's issues: encoder-decoder, vocabulary
+8000, d_model 256, 3+3 layers, 4 heads, d_ff 1024, dropout 0.1, batch 32, source and target
+length 64, tied embeddings. `decode` generates 64 tokens per source (EOS disabled so every
+variant does the same work): KV-cached greedy, uncached greedy (recomputing the prefix every
+step) and beam search with 4 beams.
+"""
+
+import json
+import resource
+import statistics
+import sys
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+BENCHES = ("train", "decode")
+SHAPE = dict(
+    vocab_size=8000,
+    embed_dim=256,
+    num_layers=3,
+    num_decoder_layers=3,
+    num_heads=4,
+    mlp_dim=1024,
+    dropout_rate=0.1,
+    batch=32,
+    source_len=64,
+    target_len=64,
+)
+
+
+def _define_flags():
+    flags.DEFINE_list("bench", list(BENCHES), f"Sub-benchmarks to run, from {BENCHES}.")
+    flags.DEFINE_integer("repeats", 5, "Timed repeats after one warm-up.")
+    flags.DEFINE_integer("batch", SHAPE["batch"], "Batch size.")
+    flags.DEFINE_string("dtype", "float32", "Compute dtype (bfloat16 on accelerators).")
+
+
+def _environment() -> dict:
+    import flax
+    import jax
+
+    device = jax.devices()[0]
+    return {
+        "jax": jax.__version__,
+        "flax": flax.__version__,
+        "device": device.device_kind,
+        "platform": device.platform,
+        "device_count": jax.device_count(),
+    }
+
+
+def _peak_rss_bytes() -> int:
+    """Peak resident memory of this process so far (ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _time(fn, repeats: int) -> tuple[float, list[float]]:
+    """(first call incl. compilation, [seconds per timed call])."""
+    import jax
+
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return first, times
+
+
+def _rates(tokens: float, times: list[float]) -> dict:
+    rates = [tokens / t for t in times]
+    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
+
+
+def matmul_ceiling(size: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of a jitted float32 [size, size] @ [size, size] on the default device."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
+    dot = jax.jit(jnp.dot)
+    _, times = _time(lambda: dot(a, a), repeats)
+    return 2 * size**3 / statistics.median(times)
+
+
+def _model(dtype: str):
+    from tfjax import models
+
+    fields = {k: v for k, v in SHAPE.items() if k not in ("batch", "source_len", "target_len")}
+    return models.create_model(models.ModelConfig(**fields, dtype=dtype))
+
+
+def _batch(batch: int):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    shape_s, shape_l = (batch, SHAPE["source_len"]), (batch, SHAPE["target_len"])
+    return {
+        "inputs": rng.integers(3, SHAPE["vocab_size"], shape_s, dtype=np.int32),
+        "targets": rng.integers(3, SHAPE["vocab_size"], shape_l, dtype=np.int32),
+        "inputs_segment_ids": np.ones(shape_s, np.int32),
+        "targets_segment_ids": np.ones(shape_l, np.int32),
+    }
+
+
+def train_flops(batch: int) -> tuple[float, str]:
+    """Model FLOPs of one train step (forward + backward = 3 x forward matmul FLOPs)."""
+    d, f, v = SHAPE["embed_dim"], SHAPE["mlp_dim"], SHAPE["vocab_size"]
+    s, t = SHAPE["source_len"], SHAPE["target_len"]
+    enc = SHAPE["num_layers"] * (2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d)
+    dec = SHAPE["num_decoder_layers"] * (
+        2 * t * (4 * d * d + 2 * d * f)
+        + 2 * t * 2 * d * d
+        + 2 * s * 2 * d * d
+        + 4 * t * t * d
+        + 4 * t * s * d
+    )
+    logits = 2 * t * d * v
+    formula = (
+        "3 * B * [Le*(2S(4D^2+2DF) + 4S^2D) + Ld*(2T(4D^2+2DF) + 2T*2D^2 + 2S*2D^2 + "
+        "4T^2D + 4TSD) + 2TDV]  (matmuls only; backward = 2 x forward)"
+    )
+    return 3.0 * batch * (enc + dec + logits), formula
+
+
+def bench_train(repeats: int, batch: int, dtype: str) -> dict:
+    import jax
+
+    from tfjax import optim, training
+
+    model = _model(dtype)
+    optimizer, schedule = optim.make_optimizer(optim.OptimConfig(), SHAPE["embed_dim"])
+    data = _batch(batch)
+    state = training.create_train_state(
+        model, optimizer, jax.random.key(0), data, "encoder_decoder"
+    )
+    step = jax.jit(
+        training.make_train_step(
+            model, optimizer, schedule, kind="encoder_decoder", label_smoothing=0.1
+        ),
+        donate_argnums=(0,),
+    )
+    holder = {"state": state}
+
+    def run():
+        holder["state"], metrics = step(holder["state"], data, jax.random.key(1))
+        return metrics
+
+    first, times = _time(run, repeats)
+    flops, formula = train_flops(batch)
+    ceiling = matmul_ceiling()
+    median_time = statistics.median(times)
+    return {
+        "bench": "train",
+        "target_tokens_per_second": _rates(batch * SHAPE["target_len"], times),
+        "step_seconds_median": median_time,
+        "compile_seconds": first - median_time,
+        "model_flops_per_step": flops,
+        "flops_formula": formula,
+        "matmul_ceiling_flops": ceiling,
+        "mfu": flops / median_time / ceiling,
+    }
+
+
+def bench_decode(repeats: int, batch: int, dtype: str) -> dict:
+    import jax
+
+    from tfjax import beam_search, decoding
+
+    model = _model(dtype)
+    data = _batch(batch)
+    params = jax.jit(model.init)(jax.random.key(0), data["inputs"], data["targets"])["params"]
+    length, src, seg = SHAPE["target_len"], data["inputs"], data["inputs_segment_ids"]
+    no_eos = -1  # never produced: every variant generates exactly `length` tokens
+    variants = {
+        "greedy_cached": jax.jit(
+            lambda p: decoding.generate(
+                model, p, inputs=src, inputs_segment_ids=seg, max_length=length, eos_id=no_eos
+            )
+        ),
+        "greedy_uncached": jax.jit(
+            lambda p: decoding.greedy_decode(
+                model, p, src, inputs_segment_ids=seg, max_length=length, eos_id=no_eos
+            )
+        ),
+        "beam4": jax.jit(
+            lambda p: beam_search.beam_search(
+                model, p, src, inputs_segment_ids=seg, beam_size=4, max_length=length, eos_id=no_eos
+            )
+        ),
+    }
+    out = {"bench": "decode", "generated_tokens": batch * length}
+    for name, fn in variants.items():
+        first, times = _time(lambda fn=fn: fn(params), repeats)
+        out[name] = {
+            "generated_tokens_per_second": _rates(batch * length, times),
+            "compile_seconds": first - statistics.median(times),
+        }
+    cached = out["greedy_cached"]["generated_tokens_per_second"]["median"]
+    uncached = out["greedy_uncached"]["generated_tokens_per_second"]["median"]
+    out["cached_speedup"] = cached / uncached
+    return out
+
+
+def main(argv):
+    del argv
+    unknown = set(FLAGS.bench) - set(BENCHES)
+    if unknown:
+        raise app.UsageError(f"unknown --bench {sorted(unknown)}; choose from {BENCHES}")
+    env = _environment()
+    shape = {**SHAPE, "batch": FLAGS.batch, "dtype": FLAGS.dtype}
+    runners = {"train": bench_train, "decode": bench_decode}
+    for name in FLAGS.bench:
+        result = runners[name](FLAGS.repeats, FLAGS.batch, FLAGS.dtype)
+        result.update(shape=shape, peak_rss_bytes=_peak_rss_bytes(), **env)
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    _define_flags()
+    app.run(main, argv=sys.argv)
