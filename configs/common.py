@@ -12,6 +12,29 @@ import ml_collections
 from tfjax import models, optim
 from tfjax.data import datasets
 
+# The paper's big model (Vaswani et al. 2017, Table 3), for every experiment file.
+BIG = {
+    "model.embed_dim": 1024,
+    "model.mlp_dim": 4096,
+    "model.num_heads": 16,
+    "model.dropout_rate": 0.3,
+}
+
+# Seconds on a CPU: what the tests run. Each file adds its layer counts and data sizes.
+TINY = {
+    "model.embed_dim": 32,
+    "model.num_layers": 1,
+    "model.num_heads": 2,
+    "model.mlp_dim": 64,
+    "optim.warmup_steps": 10,
+    "train.num_train_steps": 6,
+    "train.global_batch_size": 8,
+    "train.eval_batch_size": 16,
+    "train.log_every_steps": 2,
+    "train.eval_every_steps": 4,
+    "train.checkpoint_every_steps": 4,
+}
+
 
 def base_config(
     *, model: dict, data: dict, optim_overrides: dict | None = None, train: dict | None = None

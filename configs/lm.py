@@ -19,12 +19,7 @@ from configs import common
 
 PRESETS = {
     "base": {},
-    "big": {
-        "model.embed_dim": 1024,
-        "model.mlp_dim": 4096,
-        "model.num_heads": 16,
-        "model.dropout_rate": 0.3,
-    },
+    "big": common.BIG,
     "cpu": {
         "model.embed_dim": 128,
         "model.num_layers": 2,
@@ -41,19 +36,9 @@ PRESETS = {
         "train.log_every_steps": 50,
     },
     "tiny": {
-        "model.embed_dim": 32,
-        "model.num_layers": 1,
-        "model.num_heads": 2,
-        "model.mlp_dim": 64,
-        "optim.warmup_steps": 10,
+        **common.TINY,
         "data.num_train_examples": 64,
         "data.num_eval_examples": 16,
-        "train.num_train_steps": 6,
-        "train.global_batch_size": 8,
-        "train.eval_batch_size": 16,
-        "train.log_every_steps": 2,
-        "train.eval_every_steps": 4,
-        "train.checkpoint_every_steps": 4,
     },
 }
 
