@@ -159,17 +159,19 @@ def _initial_state(run: _Run, checkpointer, iterator, workdir: pathlib.Path):
             )
         )(init_rng)
         return state, dropout_rng, 0
-    for section in ("model", "data"):
-        checkpointing.check_compatible(restored.config, current, section=section)
     iterator.set_state(restored.data_state)
     log.info("resumed from %s at step %d", workdir / "checkpoints", restored.step)
     return restored.state, restored.rng, restored.step
 
 
-def _host_sum(metrics: dict[str, Any]) -> dict[str, float]:
-    """Sums metric dicts fetched from the devices, and across hosts in multi-host runs."""
+def _host_sum(metrics: dict[str, Any], *, across_hosts: bool) -> dict[str, float]:
+    """Sums metric arrays on the host; `across_hosts` also sums over processes.
+
+    Train metrics are already global (summed over every device inside the step); evaluation
+    sums come from each host's own slice of the eval split and need the cross-host sum.
+    """
     sums = {k: float(np.sum(v)) for k, v in metrics.items()}
-    if jax.process_count() > 1:
+    if across_hosts and jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
         gathered = multihost_utils.process_allgather(np.array(list(sums.values())))
@@ -196,7 +198,7 @@ def evaluate(run: _Run, params: Any, *, max_examples: int = 0) -> dict[str, floa
         if run.examples.format == "seq2seq":
             metrics.update(_greedy_exact_match(run, params, batch))
         totals = {k: totals.get(k, 0.0) + np.asarray(v) for k, v in metrics.items()}
-    sums = _host_sum(totals)
+    sums = _host_sum(totals, across_hosts=True)
     result = losses.summarize({k: v for k, v in sums.items() if not k.startswith("greedy_")})
     if "greedy_correct" in sums:
         result["greedy_exact_match"] = sums["greedy_correct"] / max(sums["greedy_count"], 1.0)
@@ -247,7 +249,8 @@ def _check_finite(sums: dict[str, float], step: int, checkpointer) -> None:
 
 def _fetch(pending: list) -> dict[str, float]:
     """Host sums over the steps since the last log (the only place the loop waits on devices)."""
-    return _host_sum({k: np.stack([m[k] for m in jax.device_get(pending)]) for k in pending[0]})
+    fetched = jax.device_get(pending)
+    return _host_sum({k: np.stack([m[k] for m in fetched]) for k in pending[0]}, across_hosts=False)
 
 
 def _log_train(writer, progress, pending: list, step: int, elapsed: float, checkpointer):
