@@ -10,7 +10,10 @@ The default shape is the benchmark shape of the project's issues: encoder-decode
 8000, d_model 256, 3+3 layers, 4 heads, d_ff 1024, dropout 0.1, batch 32, source and target
 length 64, tied embeddings. `decode` generates 64 tokens per source (EOS disabled so every
 variant does the same work): KV-cached greedy, uncached greedy (recomputing the prefix every
-step) and beam search with 4 beams.
+step) and beam search with 4 beams. `attention` (not in the default list: about a minute)
+times forward + backward of one attention layer (batch 1, 4 heads of 64) for lengths 256 to
+8192: full attention, the dense sliding-window mask (radius 64, still O(L^2)) and the blocked
+local attention of `tfjax.attention.local_attention` (O(L * r)), with XLA's temp memory.
 """
 
 import json
@@ -22,7 +25,9 @@ import time
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-BENCHES = ("train", "decode")
+BENCHES = ("train", "decode", "attention")
+ATTENTION_LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
+ATTENTION_RADIUS = 64
 SHAPE = dict(
     vocab_size=8000,
     embed_dim=256,
@@ -38,7 +43,7 @@ SHAPE = dict(
 
 
 def _define_flags():
-    flags.DEFINE_list("bench", list(BENCHES), f"Sub-benchmarks to run, from {BENCHES}.")
+    flags.DEFINE_list("bench", ["train", "decode"], f"Sub-benchmarks to run, from {BENCHES}.")
     flags.DEFINE_integer("repeats", 5, "Timed repeats after one warm-up.")
     flags.DEFINE_integer("batch", SHAPE["batch"], "Batch size.")
     flags.DEFINE_string("dtype", "float32", "Compute dtype (bfloat16 on accelerators).")
@@ -213,6 +218,47 @@ def bench_decode(repeats: int, batch: int, dtype: str) -> dict:
     return out
 
 
+def _attention_variant(name: str, length: int):
+    """(jitted fwd+bwd function, q, k, v) of one attention layer on [1, L, 4, 64]."""
+    import jax
+    import jax.numpy as jnp
+
+    from tfjax import attention, masking
+
+    q, k, v = (jax.random.normal(jax.random.key(i), (1, length, 4, 64)) for i in range(3))
+    if name == "local_blocked":
+        fn = lambda q, k, v: attention.local_attention(q, k, v, radius=ATTENTION_RADIUS)  # noqa: E731
+    else:
+        mask = masking.window_mask(length, ATTENTION_RADIUS) if name == "window_mask" else None
+        fn = lambda q, k, v: attention.dot_product_attention(  # noqa: E731
+            q, k, v, mask=mask, implementation="reference"
+        )
+    grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v) ** 2), argnums=(0, 1, 2)))
+    return grad, q, k, v
+
+
+def bench_attention(repeats: int, batch: int, dtype: str) -> dict:
+    """Forward + backward of one attention layer as the length grows: full, window, blocked."""
+    del batch, dtype
+    out = {"bench": "attention", "radius": ATTENTION_RADIUS, "heads": 4, "head_dim": 64}
+    for name in ("full", "window_mask", "local_blocked"):
+        rows = []
+        for length in ATTENTION_LENGTHS:
+            grad, q, k, v = _attention_variant(name, length)
+            memory = grad.lower(q, k, v).compile().memory_analysis()
+            _, times = _time(lambda grad=grad, q=q, k=k, v=v: grad(q, k, v), repeats)
+            rows.append(
+                {
+                    "length": length,
+                    "seconds_median": statistics.median(times),
+                    "tokens_per_second": _rates(length, times),
+                    "temp_bytes": getattr(memory, "temp_size_in_bytes", None),
+                }
+            )
+        out[name] = rows
+    return out
+
+
 def main(argv):
     del argv
     unknown = set(FLAGS.bench) - set(BENCHES)
@@ -220,7 +266,7 @@ def main(argv):
         raise app.UsageError(f"unknown --bench {sorted(unknown)}; choose from {BENCHES}")
     env = _environment()
     shape = {**SHAPE, "batch": FLAGS.batch, "dtype": FLAGS.dtype}
-    runners = {"train": bench_train, "decode": bench_decode}
+    runners = {"train": bench_train, "decode": bench_decode, "attention": bench_attention}
     for name in FLAGS.bench:
         result = runners[name](FLAGS.repeats, FLAGS.batch, FLAGS.dtype)
         result.update(shape=shape, peak_rss_bytes=_peak_rss_bytes(), **env)

@@ -237,3 +237,17 @@ def test_mha_rejects_bad_head_counts():
         attention.MultiHeadAttention(num_heads=4, num_kv_heads=3).init(jax.random.key(0), x)
     with pytest.raises(ValueError, match="divisible by num_heads"):
         attention.MultiHeadAttention(num_heads=5).init(jax.random.key(0), x)
+
+
+@pytest.mark.parametrize(
+    "length, radius, causal, num_kv",
+    [(13, 3, False, N), (13, 3, True, 2), (8, 1, False, 1), (5, 7, True, N)],
+)
+def test_local_attention_equals_dense_window_mask(length, radius, causal, num_kv):
+    q, k, v = _qkv(num_kv=num_kv, length=length, kv_length=length)
+    mask = masking.window_mask(length, radius, causal=causal)
+    expected = attention.dot_product_attention(q, k, v, mask=mask, implementation="reference")
+    out = attention.local_attention(q, k, v, radius=radius, causal=causal)
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="radius"):
+        attention.local_attention(q, k, v, radius=0)
