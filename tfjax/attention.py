@@ -324,7 +324,7 @@ class MultiHeadAttention(nn.Module):
         start = 0
         if self.has_variable("cache", "cached_key"):
             start = self.get_variable("cache", "cache_index")
-        return _default_positions(q) + start
+        return positional.default_positions(q) + start
 
     def _score_params(self, n: int, h: int) -> dict[str, Array] | None:
         if self.score == "general":
@@ -389,9 +389,11 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self._project(inputs_q, inputs_kv, n, kv, h)
         if self.rotary:
             if q_positions is None:
-                q_positions = self._decode_positions(q) if decode else _default_positions(q)
+                q_positions = (
+                    self._decode_positions(q) if decode else positional.default_positions(q)
+                )
             if kv_positions is None:
-                kv_positions = q_positions if inputs_kv is None else _default_positions(k)
+                kv_positions = q_positions if inputs_kv is None else positional.default_positions(k)
             q = positional.apply_rope(q, q_positions, base=self.rope_base)
             k = positional.apply_rope(k, kv_positions, base=self.rope_base)
         if decode and not self.cross:
@@ -413,11 +415,6 @@ class MultiHeadAttention(nn.Module):
             implementation=self.implementation,
         )  # [B, L, N, H]
         return self._dense(width, "out", axis=(-2, -1))(out)  # [B, L, D]
-
-
-def _default_positions(x: Array) -> Array:
-    b, length = x.shape[:2]
-    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))  # [B, L]
 
 
 def _blocks(x: Array, block: int, num_blocks: int) -> Array:

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from tfjax import positional
+
 # Filtered-out logits: finite (never -inf) so that softmax and categorical stay NaN-free.
 FILTERED = float(jnp.finfo(jnp.float32).min)
 
@@ -83,7 +85,7 @@ def init_cache(
     """
     kind = check_model(model, ("encoder_decoder", "decoder_only"), max_length)
     tokens = jnp.zeros((batch_size, max_length), jnp.int32)
-    kwargs = {"positions": _positions(tokens)}
+    kwargs = {"positions": positional.default_positions(tokens)}
     if kind == "encoder_decoder":
         if source_length is None:
             raise ValueError("init_cache needs source_length for an encoder-decoder model")
@@ -98,11 +100,6 @@ def init_cache(
     # Arguments, not closures: traced inputs keep the model's concrete-value checks off.
     shapes = jax.eval_shape(create, params, tokens, kwargs)
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-
-def _positions(tokens: Array) -> Array:
-    b, length = tokens.shape
-    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))  # [B, L]
 
 
 def _apply_step(model: nn.Module, params: Any, cache: Any, tokens, positions, **extra):
@@ -158,7 +155,7 @@ def first_step(
         model, params, batch_size=batch_size, max_length=max_length, source_length=source_length
     )
     tokens = jnp.full((batch_size, 1), bos_id, jnp.int32)
-    return _apply_step(model, params, cache, tokens, _positions(tokens), **extra)
+    return _apply_step(model, params, cache, tokens, positional.default_positions(tokens), **extra)
 
 
 # ---------------------------------------------------------------------------------------------

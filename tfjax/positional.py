@@ -52,6 +52,12 @@ def _sinusoids(positions: Array, dim: int, base: float, layout: str) -> Array:
     return jnp.concatenate([sin, cos], axis=-1)  # [..., D]
 
 
+def default_positions(x: Array) -> Int[Array, "B L"]:
+    """Positions 0..L-1 for every row of an array whose first two axes are [B, L, ...]."""
+    b, length = x.shape[:2]
+    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))  # [B, L]
+
+
 def sinusoidal_table(
     length: int,
     dim: int,

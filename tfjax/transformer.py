@@ -15,11 +15,6 @@ from jaxtyping import Array, Float, Int
 from tfjax import attention, layers, masking, positional
 
 
-def _default_positions(tokens: Array) -> Array:
-    b, length = tokens.shape
-    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))  # [B, L]
-
-
 class Embedder(nn.Module):
     """Token embeddings plus (or concatenated with) absolute positions, then dropout (§3.4-3.5)."""
 
@@ -225,7 +220,7 @@ class Encoder(_Stack):
         deterministic: bool,
     ) -> Float[Array, "B S D"]:
         cfg = self.config
-        positions = _default_positions(tokens) if positions is None else positions
+        positions = positional.default_positions(tokens) if positions is None else positions
         x = Embedder(cfg, self.embed, name="embedder")(
             tokens, positions, deterministic=deterministic
         )
@@ -270,7 +265,7 @@ class Decoder(_Stack):
         cfg = self.config
         if decode and (positions is None or segment_ids is not None):
             raise ValueError("decode=True needs the new tokens' positions and no segment_ids")
-        positions = _default_positions(tokens) if positions is None else positions
+        positions = positional.default_positions(tokens) if positions is None else positions
         x = Embedder(cfg, self.embed, name="embedder")(
             tokens, positions, deterministic=deterministic
         )
