@@ -253,16 +253,23 @@ def _fetch(pending: list) -> dict[str, float]:
     return _host_sum({k: np.stack([m[k] for m in fetched]) for k in pending[0]}, across_hosts=False)
 
 
-def _log_train(writer, progress, pending: list, step: int, elapsed: float, checkpointer):
+def _log_train(
+    writer, progress, pending: list, step: int, elapsed: float, checkpointer, untimed: int = 0
+):
+    """Logs the pending steps; the first `untimed` of them (compilation) are not in `elapsed`."""
     sums = _fetch(pending)
+    if not untimed:
+        timed = sums
+    else:  # nothing timed yet when the first window is only the compiled step
+        timed = _fetch(pending[untimed:]) if len(pending) > untimed else {}
     _check_finite(sums, step, checkpointer)
     summary = losses.summarize(
         {k: v for k, v in sums.items() if k not in ("grad_norm", "learning_rate")}
     )
     summary["grad_norm"] = sums["grad_norm"] / len(pending)
     summary["learning_rate"] = float(jax.device_get(pending[-1]["learning_rate"]))
-    summary["tokens_per_second"] = sums["weight_sum"] / max(elapsed, 1e-9)
-    summary["steps_per_second"] = len(pending) / max(elapsed, 1e-9)
+    summary["tokens_per_second"] = timed.get("weight_sum", 0.0) / max(elapsed, 1e-9)
+    summary["steps_per_second"] = (len(pending) - untimed) / max(elapsed, 1e-9)
     writer.write(step, "train", summary)
     progress.update(step, summary)
     return summary
@@ -307,21 +314,30 @@ def train_and_evaluate(
                 batch = run.strategy.put_batch(next(iterator))
                 state, metrics = run.train_step(state, batch, rng)
                 step += 1
-                if step == start + 1:  # keep compilation out of the tokens/s figures
+                if step == start + 1:  # keep compilation (step and tokens) out of tokens/s
                     jax.block_until_ready(metrics)
                     t0 = time.perf_counter()
                 pending.append(metrics)
                 if step % tcfg.log_every_steps == 0 or step == tcfg.num_train_steps:
+                    elapsed = time.perf_counter() - t0
+                    first_window = len(pending) == step - start
                     _log_train(
-                        writer, progress, pending, step, time.perf_counter() - t0, checkpointer
+                        writer,
+                        progress,
+                        pending,
+                        step,
+                        elapsed,
+                        checkpointer,
+                        untimed=1 if first_window else 0,
                     )
                     pending, t0 = [], time.perf_counter()
                 if tcfg.eval_every_steps and step % tcfg.eval_every_steps == 0:
+                    eval_start = time.perf_counter()
                     params = run.strategy.host_state(state).params
                     writer.write(
                         step, "eval", evaluate(run, params, max_examples=tcfg.max_eval_examples)
                     )
-                    t0 = time.perf_counter()
+                    t0 += time.perf_counter() - eval_start  # evaluation time is not train time
                 if step % tcfg.checkpoint_every_steps == 0 or preemption.requested:
                     _save(run, checkpointer, state, step, rng, iterator, pending)
         progress.close()
