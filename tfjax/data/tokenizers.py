@@ -1,13 +1,17 @@
-"""Word-level tokenizer for small, whitespace-tokenized tasks (SCAN, algorithmic tasks).
+"""Tokenizers: word level (SCAN, algorithmic tasks), character level and SentencePiece.
 
-Ids 0-3 are reserved: PAD (0; padding is still read from segment ids, never from this id), BOS
-(1; also the [CLS] token of classification inputs, as in BERT, Devlin et al. 2019, Section 3),
-EOS (2) and UNK (3). The remaining ids are words ordered by descending training count, ties broken
-alphabetically, so the same texts always give the same vocabulary. The vocabulary is saved as
-JSON next to the run (see DESIGN.md, "Tokenizers") so that resumed runs reuse it.
+All three share one interface (`encode(text, add_bos=, add_eos=)`, `decode(ids)`, `vocab_size`,
+`save(path)`, `load(path)`) and the same special ids. Ids 0-3 are reserved: PAD (0; padding is
+still read from segment ids, never from this id), BOS (1; also the [CLS] token of
+classification inputs, as in BERT, Devlin et al. 2019, Section 3), EOS (2) and UNK (3). Word and
+character ids follow by descending training count, ties broken alphabetically, so the same texts
+always give the same vocabulary; those vocabularies are saved as JSON next to the run, a
+SentencePiece model as its binary `.model` file (DESIGN.md, "Tokenizers"), so that resumed and
+evaluated runs reuse them.
 """
 
 import collections
+import contextlib
 import json
 import os
 import pathlib
@@ -21,8 +25,25 @@ BOS_ID = 1
 EOS_ID = 2
 UNK_ID = 3
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # Indexed by the ids above.
+SENTENCEPIECE_SAMPLE = 2_000_000  # sentences SentencePiece trains on at most
 
-_FORMAT = "tfjax.WordTokenizer/1"
+
+def content_ids(ids: Sequence[int] | Integer[np.ndarray, " L"], vocab_size: int) -> list[int]:
+    """The ids before the first `EOS_ID`, without `PAD_ID` and `BOS_ID`, as Python ints.
+
+    Raises:
+        ValueError: for an id outside [0, vocab_size).
+    """
+    kept = []
+    for raw in ids:
+        token = int(raw)
+        if token == EOS_ID:
+            break
+        if not 0 <= token < vocab_size:
+            raise ValueError(f"Id {token} is outside the vocabulary [0, {vocab_size}).")
+        if token not in (PAD_ID, BOS_ID):
+            kept.append(token)
+    return kept
 
 
 class WordTokenizer:
@@ -31,6 +52,8 @@ class WordTokenizer:
     Build one with `WordTokenizer.build(texts)` or `WordTokenizer.load(path)`. Two tokenizers are
     equal when their vocabularies (words in id order) are equal.
     """
+
+    _format = "tfjax.WordTokenizer/1"
 
     def __init__(self, words: Iterable[str]):
         """Wraps a vocabulary.
@@ -67,7 +90,7 @@ class WordTokenizer:
         """
         if min_count < 1:
             raise ValueError(f"min_count must be >= 1, got {min_count}.")
-        counts = collections.Counter(word for text in texts for word in text.split())
+        counts = collections.Counter(word for text in texts for word in cls._split(text))
         kept = [w for w, c in counts.items() if c >= min_count and w not in SPECIAL_TOKENS]
         kept.sort(key=lambda word: (-counts[word], word))
         return cls([*SPECIAL_TOKENS, *kept])
@@ -93,7 +116,7 @@ class WordTokenizer:
         Returns:
             The ids, as Python ints.
         """
-        ids = [self._ids.get(word, UNK_ID) for word in text.split()]
+        ids = [self._ids.get(word, UNK_ID) for word in self._split(text)]
         return [BOS_ID] * add_bos + ids + [EOS_ID] * add_eos
 
     # The leading space in " L" stops pyflakes from reading L as a name (jaxtyping FAQ).
@@ -109,20 +132,19 @@ class WordTokenizer:
         Raises:
             ValueError: for an id outside [0, vocab_size).
         """
-        words = []
-        for raw in ids:
-            token = int(raw)
-            if token == EOS_ID:
-                break
-            if not 0 <= token < self.vocab_size:
-                raise ValueError(f"Id {token} is outside the vocabulary [0, {self.vocab_size}).")
-            if token not in (PAD_ID, BOS_ID):
-                words.append(self._words[token])
+        return self._join([self._words[token] for token in content_ids(ids, self.vocab_size)])
+
+    @staticmethod
+    def _split(text: str) -> list[str]:
+        return text.split()
+
+    @staticmethod
+    def _join(words: list[str]) -> str:
         return " ".join(words)
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the vocabulary to `path` as JSON (parent folders must exist)."""
-        payload = {"format": _FORMAT, "words": list(self._words)}
+        payload = {"format": self._format, "words": list(self._words)}
         pathlib.Path(path).write_text(json.dumps(payload, indent=0) + "\n", encoding="utf-8")
 
     @classmethod
@@ -136,15 +158,17 @@ class WordTokenizer:
         path = pathlib.Path(path)
         if not path.is_file():
             raise FileNotFoundError(
-                f"No tokenizer file at {path}: build one with WordTokenizer.build and save it."
+                f"No tokenizer file at {path}: build one with {cls.__name__}.build and save it."
             )
         payload = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(payload, dict) or payload.get("format") != _FORMAT:
-            raise ValueError(f"{path} is not a saved WordTokenizer (expected format {_FORMAT}).")
+        if not isinstance(payload, dict) or payload.get("format") != cls._format:
+            raise ValueError(
+                f"{path} is not a saved {cls.__name__} (expected format {cls._format})."
+            )
         return cls(payload["words"])
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, WordTokenizer):
+        if type(other) is not type(self):
             return NotImplemented
         return self._words == other._words
 
@@ -152,4 +176,165 @@ class WordTokenizer:
         return hash(self._words)
 
     def __repr__(self) -> str:
-        return f"WordTokenizer(vocab_size={self.vocab_size})"
+        return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+class CharTokenizer(WordTokenizer):
+    """One id per character (newlines and spaces included), as in nanoGPT's shakespeare_char.
+
+    The vocabulary is the specials followed by the characters of the training text by
+    descending count, then by code point; `decode` joins characters without separators.
+    """
+
+    _format = "tfjax.CharTokenizer/1"
+
+    @staticmethod
+    def _split(text: str) -> list[str]:
+        return list(text)
+
+    @staticmethod
+    def _join(words: list[str]) -> str:
+        return "".join(words)
+
+
+@contextlib.contextmanager
+def _explain_trainer_errors(vocab_size: int):
+    """Turns SentencePiece's trainer errors into ValueErrors that say what to change."""
+    try:
+        yield
+    except RuntimeError as err:
+        raise ValueError(
+            f"SentencePiece could not train a {vocab_size}-piece vocabulary: {err}. Every "
+            "character of the training text needs a piece: raise data.vocab_size."
+        ) from err
+
+
+class SentencePieceTokenizer:
+    """Subwords from a SentencePiece model (Kudo & Richardson 2018): BPE or unigram.
+
+    Trained with the special ids of this module (PAD 0, BOS 1, EOS 2, UNK 3), every character of
+    the training text covered, and no Unicode normalisation, so `decode(encode(text))` gives the
+    text back up to runs of whitespace: what BLEU is computed on. Saved as the binary `.model`
+    file that the `sentencepiece` tools read.
+    """
+
+    def __init__(self, model_proto: bytes):
+        """Wraps a serialised SentencePiece model.
+
+        Raises:
+            ValueError: if the model's special ids are not this module's.
+        """
+        import sentencepiece
+
+        self._proto = bytes(model_proto)
+        self._sp = sentencepiece.SentencePieceProcessor(model_proto=self._proto)
+        specials = (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id(), self._sp.unk_id())
+        if specials != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
+            raise ValueError(
+                f"SentencePiece model has special ids (pad, bos, eos, unk) = {specials}, expected "
+                f"{(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}: train it with SentencePieceTokenizer.build."
+            )
+
+    @classmethod
+    def build(
+        cls, texts: Iterable[str], *, vocab_size: int, model_type: str = "bpe"
+    ) -> "SentencePieceTokenizer":
+        """Trains a model on `texts` (one sentence or line each).
+
+        Args:
+            texts: training sentences (at most `SENTENCEPIECE_SAMPLE`, sampled, are used).
+            vocab_size: the wanted vocabulary size, specials included; a small corpus may give
+                fewer pieces (the limit is soft).
+            model_type: "bpe" or "unigram".
+
+        Raises:
+            ValueError: for an unknown model type, a vocabulary size below 8 or no text.
+        """
+        import io
+
+        import sentencepiece
+
+        if model_type not in ("bpe", "unigram"):
+            raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}.")
+        if vocab_size < 8:
+            raise ValueError(f"vocab_size must be >= 8, got {vocab_size}.")
+        sentences = [text for text in texts if text.strip()]
+        if not sentences:
+            raise ValueError("Cannot train a SentencePiece model on no text.")
+        model = io.BytesIO()
+        with open(os.devnull, "w") as quiet, _explain_trainer_errors(vocab_size):
+            sentencepiece.SentencePieceTrainer.train(
+                sentence_iterator=iter(sentences),
+                model_writer=model,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=1.0,
+                normalization_rule_name="identity",
+                hard_vocab_limit=False,
+                pad_id=PAD_ID,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
+                unk_id=UNK_ID,
+                max_sentence_length=1 << 16,
+                input_sentence_size=SENTENCEPIECE_SAMPLE,  # large corpora: a random sample
+                shuffle_input_sentence=True,
+                num_threads=1,  # deterministic and cheap: seconds for Multi30k
+                logstream=quiet,
+                minloglevel=2,  # the trainer otherwise prints its whole spec to stderr
+            )
+        return cls(model.getvalue())
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, specials included."""
+        return self._sp.vocab_size()
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        """Piece ids of `text`, optionally with `BOS_ID` first and `EOS_ID` last."""
+        ids = self._sp.encode(text)
+        return [BOS_ID] * add_bos + ids + [EOS_ID] * add_eos
+
+    def decode(self, ids: Sequence[int] | Integer[np.ndarray, " L"]) -> str:
+        """Detokenized text of `ids`: stops at the first `EOS_ID`, drops `PAD_ID` and `BOS_ID`.
+
+        Raises:
+            ValueError: for an id outside [0, vocab_size).
+        """
+        return self._sp.decode(content_ids(ids, self.vocab_size))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the binary model to `path` (parent folders must exist)."""
+        pathlib.Path(path).write_bytes(self._proto)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "SentencePieceTokenizer":
+        """Reads a model written by `save` (or by `spm_train` with the same special ids).
+
+        Raises:
+            FileNotFoundError: if `path` does not exist.
+            ValueError: if the file is not a SentencePiece model with this module's ids.
+        """
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"No SentencePiece model at {path}: build one with "
+                "SentencePieceTokenizer.build and save it."
+            )
+        try:
+            return cls(path.read_bytes())
+        except RuntimeError as err:
+            raise ValueError(f"{path} is not a SentencePiece model: {err}") from err
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SentencePieceTokenizer):
+            return NotImplemented
+        return self._proto == other._proto
+
+    def __hash__(self) -> int:
+        return hash(self._proto)
+
+    def __repr__(self) -> str:
+        return f"SentencePieceTokenizer(vocab_size={self.vocab_size})"
+
+
+Tokenizer = WordTokenizer | SentencePieceTokenizer  # CharTokenizer is a WordTokenizer
