@@ -261,3 +261,16 @@ def test_summarize_zero_weights_give_nan():
 def test_summarize_rejects_non_scalars():
     with pytest.raises(ValueError, match="loss_sum"):
         losses.summarize({"loss_sum": np.ones(8), "weight_sum": 1.0})
+
+
+def test_compute_metrics_loss_weights_leave_tokens_out():
+    logits = jax.random.normal(jax.random.key(3), (2, 4, 6))
+    targets = jnp.array([[1, 2, 3, 4], [5, 0, 1, 0]])
+    segment_ids = jnp.array([[1, 1, 1, 1], [1, 1, 1, 0]])
+    loss_weights = jnp.array([[0, 1, 1, 1], [0, 1, 1, 1]])
+    metrics = losses.compute_metrics(logits, targets, segment_ids, loss_weights=loss_weights)
+    log_probs = np.asarray(jax.nn.log_softmax(logits))
+    kept = [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2)]  # weight 1 and not padding
+    nll = -sum(log_probs[b, t, int(targets[b, t])] for b, t in kept)
+    np.testing.assert_allclose(metrics["nll_sum"], nll, rtol=1e-5)
+    assert float(metrics["weight_sum"]) == len(kept)

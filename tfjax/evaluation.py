@@ -268,7 +268,8 @@ def decode_dataset(
 
     Returns:
         (hypotheses, references, sources), one detokenized string per example; references are
-        the targets after tokenization, so words outside the vocabulary read "<unk>".
+        the raw target texts when the data keeps them (`Examples.references`: corpora and
+        files), else the targets after tokenization (words outside the vocabulary read "<unk>").
 
     Raises:
         ValueError: for a run that is not seq2seq or invalid sizes.
@@ -291,6 +292,8 @@ def decode_dataset(
         hypotheses += [decode(row) for row in tokens]
         references += [decode(row) for row in batch["targets"]]
         sources += [decode(row) for row in batch["inputs"]]
+    if run.examples.references is not None:
+        references = list(run.examples.references[: len(references)])
     return hypotheses, references, sources
 
 

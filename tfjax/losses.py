@@ -130,6 +130,7 @@ def compute_metrics(
     segment_ids: Int[Array, "B L"],
     *,
     label_smoothing: float = 0.0,
+    loss_weights: Int[Array, "B L"] | None = None,
 ) -> dict[str, Array]:
     """Sequence-model metrics as float32 sums; padding (segment 0) has weight 0.
 
@@ -138,6 +139,8 @@ def compute_metrics(
         targets: [B, L] int32 target ids.
         segment_ids: [B, L] int32; 0 = padding, 1, 2, ... = packed sequences.
         label_smoothing: ε for `loss_sum` (see `cross_entropy`).
+        loss_weights: optional [B, L] 0/1 weights on top of the padding mask (e.g. 0 for the
+            context-only first token of an LM window).
 
     Returns:
         Float32 scalars keyed `loss_sum`, `nll_sum`, `correct_sum` (argmax == target),
@@ -145,6 +148,8 @@ def compute_metrics(
         (see `sequence_exact_match`). Divide on the host with `summarize`.
     """
     weights = (segment_ids > 0).astype(jnp.float32)  # [B, L]
+    if loss_weights is not None:
+        weights = weights * (loss_weights > 0)
     loss_sum, nll_sum = cross_entropy(logits, targets, weights, label_smoothing=label_smoothing)
     predictions = jnp.argmax(logits, axis=-1).astype(targets.dtype)  # [B, L]
     seq_correct_sum, seq_count = sequence_exact_match(predictions, targets, segment_ids)

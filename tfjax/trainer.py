@@ -112,17 +112,30 @@ def _make_greedy(model, max_length: int):
 
 
 def restore(
-    config: ml_collections.ConfigDict, workdir: str | pathlib.Path, step: int | None = None
+    config: ml_collections.ConfigDict,
+    workdir: str | pathlib.Path,
+    step: int | None = None,
+    *,
+    average_last: int = 1,
 ) -> tuple[_Run, checkpointing.Restored]:
     """The run built from `config` and its checkpoint `step` (default: the latest good one).
 
+    `average_last=N > 1` instead averages the parameters of the last N saved checkpoints
+    (`Checkpointer.restore_average`); `step` must then be None.
+
     Raises:
       FileNotFoundError: if `workdir` has no checkpoint.
+      ValueError: for `average_last` with a `step`, or more checkpoints than are saved.
     """
     workdir = pathlib.Path(workdir)
+    if average_last > 1 and step is not None:
+        raise ValueError("average the last checkpoints or restore one step, not both")
     run = _build(config, workdir)
     with checkpointing.Checkpointer(workdir / "checkpoints") as checkpointer:
-        restored = checkpointer.restore(run.abstract_state, step=step)
+        if average_last > 1 and checkpointer.all_steps():
+            restored = checkpointer.restore_average(run.abstract_state, last=average_last)
+        else:
+            restored = checkpointer.restore(run.abstract_state, step=step)
     if restored is None:
         raise FileNotFoundError(
             f"no checkpoint in {workdir / 'checkpoints'}: train first with "
@@ -179,9 +192,18 @@ def _host_sum(metrics: dict[str, Any], *, across_hosts: bool) -> dict[str, float
     return sums
 
 
-def evaluate(run: _Run, params: Any, *, max_examples: int = 0) -> dict[str, float]:
-    """Teacher-forced loss/accuracy on the eval split, plus greedy exact match for seq2seq."""
-    examples = run.examples.eval[:max_examples] if max_examples else run.examples.eval
+def evaluate(
+    run: _Run, params: Any, *, max_examples: int = 0, examples: list | None = None
+) -> dict[str, float]:
+    """Teacher-forced loss/accuracy on the eval split, plus greedy exact match for seq2seq.
+
+    `examples` replaces the eval split (e.g. sampled LM windows); seq2seq runs then report no
+    BLEU, which needs the split's references.
+    """
+    references = run.examples.references if examples is None else None
+    if examples is None:
+        examples = run.examples.eval
+    examples = examples[:max_examples] if max_examples else examples
     dataset = pipeline.make_dataset(
         examples,
         batch_size=run.config.train.eval_batch_size,
@@ -193,25 +215,35 @@ def evaluate(run: _Run, params: Any, *, max_examples: int = 0) -> dict[str, floa
         shard_count=jax.process_count(),
     )
     totals: dict[str, Any] = {}
+    hypotheses: list[str] = []
     for batch in dataset:
         metrics = jax.device_get(run.eval_step(params, batch))
         if run.examples.format == "seq2seq":
-            metrics.update(_greedy_exact_match(run, params, batch))
+            metrics.update(_greedy_exact_match(run, params, batch, hypotheses, references))
         totals = {k: totals.get(k, 0.0) + np.asarray(v) for k, v in metrics.items()}
     sums = _host_sum(totals, across_hosts=True)
     result = losses.summarize({k: v for k, v in sums.items() if not k.startswith("greedy_")})
     if "greedy_correct" in sums:
         result["greedy_exact_match"] = sums["greedy_correct"] / max(sums["greedy_count"], 1.0)
+    if references is not None and jax.process_count() == 1:
+        from tfjax import evaluation  # sacrebleu, only for runs that keep references
+
+        result["greedy_bleu"] = evaluation.bleu(hypotheses, references[: len(hypotheses)])
     return result
 
 
-def _greedy_exact_match(run: _Run, params: Any, batch: dict[str, np.ndarray]) -> dict:
+def _greedy_exact_match(
+    run: _Run, params: Any, batch: dict[str, np.ndarray], hypotheses: list[str], references
+) -> dict:
+    """Greedy exact-match sums of a batch; appends the rows' detokenized outputs to `hypotheses`."""
     predictions = np.asarray(run.greedy(params, batch["inputs"], batch["inputs_segment_ids"]))
     targets, valid = batch["targets"], batch["targets_segment_ids"] > 0
     rows = valid.any(axis=1)
     correct = np.all((predictions == targets) | ~valid, axis=1) & np.all(
         (predictions == 0) | valid, axis=1
     )
+    if references is not None:
+        hypotheses += [run.examples.tokenizer.decode(row) for row in predictions[rows]]
     return {"greedy_correct": float(np.sum(correct & rows)), "greedy_count": float(rows.sum())}
 
 

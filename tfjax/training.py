@@ -62,14 +62,21 @@ def batch_metrics(logits: jax.Array, batch: Batch, kind: str, *, label_smoothing
             logits, batch["labels"], label_smoothing=label_smoothing
         )
     return losses.compute_metrics(
-        logits, batch["targets"], batch["targets_segment_ids"], label_smoothing=label_smoothing
+        logits,
+        batch["targets"],
+        batch["targets_segment_ids"],
+        label_smoothing=label_smoothing,
+        loss_weights=batch.get("targets_weights"),
     )
 
 
 def _weight_sum(batch: Batch, kind: str) -> jax.Array:
     if kind == "encoder_only":
         return jnp.sum(batch["labels"] >= 0).astype(jnp.float32)
-    return jnp.sum(batch["targets_segment_ids"] > 0).astype(jnp.float32)
+    weights = batch["targets_segment_ids"] > 0
+    if "targets_weights" in batch:
+        weights = weights & (batch["targets_weights"] > 0)
+    return jnp.sum(weights).astype(jnp.float32)
 
 
 def create_train_state(

@@ -1,10 +1,14 @@
-"""Data for tfjax: embedded datasets, tokenizers and the grain batch pipeline.
+"""Data for tfjax: embedded datasets, local corpora and files, tokenizers and the grain pipeline.
 
 Submodules:
   * `datasets`: the `data` config group → tokenized train and eval examples.
   * `scan`: SCAN (Lake & Baroni 2018) generated from its grammar, with the standard splits.
   * `tasks`: algorithmic tasks (copy, reverse, sort, parity, majority) from a seed.
-  * `tokenizers`: the word-level tokenizer and the special ids (PAD 0, BOS 1, EOS 2, UNK 3).
+  * `listops`: ListOps as generated for the Long Range Arena, from a seed.
+  * `sources`: text files, TSV, the checksummed local corpora (Multi30k, Tiny Shakespeare) and
+    Hugging Face hub datasets, with errors that name the file and line.
+  * `tokenizers`: word, character and SentencePiece tokenizers and the special ids (PAD 0,
+    BOS 1, EOS 2, UNK 3).
   * `pipeline`: encoding to padded int32 examples, grain datasets and resumable iterators.
 
 Submodules load on first attribute access (`tfjax.data.scan`) or explicit import (`from
@@ -14,7 +18,7 @@ imports grain, which itself imports jax, so it is only paid for when batches are
 
 import importlib
 
-_SUBMODULES = ("datasets", "pipeline", "scan", "tasks", "tokenizers")
+_SUBMODULES = ("datasets", "listops", "pipeline", "scan", "sources", "tasks", "tokenizers")
 
 __all__ = list(_SUBMODULES)
 

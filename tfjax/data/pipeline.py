@@ -33,8 +33,8 @@ _PAD_VALUES = {"labels": LABEL_PADDING}  # Every other field pads with 0.
 Example = dict[str, np.ndarray]
 
 
-def _pad(ids: list[int], length: int) -> tuple[np.ndarray, np.ndarray]:
-    """`ids` padded to `length`: (tokens, segment_ids), both [length] int32."""
+def pad_ids(ids, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """`ids` (a list or array) padded to `length`: (tokens, segment_ids), both [length] int32."""
     tokens = np.zeros(length, dtype=np.int32)
     tokens[: len(ids)] = ids
     segment_ids = np.zeros(length, dtype=np.int32)
@@ -51,10 +51,11 @@ def _log_dropped(kind: str, num_dropped: int, total: int, fix: str) -> None:
 
 def encode_seq2seq(
     pairs: Sequence[tuple[str, str]],
-    tokenizer: tokenizers.WordTokenizer,
+    tokenizer: tokenizers.Tokenizer,
     *,
     max_source_len: int,
     max_target_len: int,
+    kept: list[int] | None = None,
 ) -> list[Example]:
     """Tokenizes (source, target) pairs into padded seq2seq examples.
 
@@ -63,6 +64,7 @@ def encode_seq2seq(
         tokenizer: maps words to ids.
         max_source_len: S, the padded length of `inputs` (EOS included).
         max_target_len: L, the padded length of `targets` (EOS included).
+        kept: if given, the indices of the kept pairs are appended to it.
 
     Returns:
         One dict per kept pair: `inputs`, `inputs_segment_ids` [S] int32 and `targets`,
@@ -70,13 +72,15 @@ def encode_seq2seq(
         warning on `logger`; `len(pairs) - len(result)` is their number.
     """
     examples = []
-    for source, target in pairs:
+    for index, (source, target) in enumerate(pairs):
         inputs = tokenizer.encode(source, add_eos=True)
         targets = tokenizer.encode(target, add_eos=True)
         if len(inputs) > max_source_len or len(targets) > max_target_len:
             continue
-        inputs, inputs_segment_ids = _pad(inputs, max_source_len)
-        targets, targets_segment_ids = _pad(targets, max_target_len)
+        if kept is not None:
+            kept.append(index)
+        inputs, inputs_segment_ids = pad_ids(inputs, max_source_len)
+        targets, targets_segment_ids = pad_ids(targets, max_target_len)
         examples.append(
             {
                 "inputs": inputs,
@@ -91,7 +95,7 @@ def encode_seq2seq(
 
 
 def encode_lm(
-    texts: Sequence[str], tokenizer: tokenizers.WordTokenizer, *, max_len: int
+    texts: Sequence[str], tokenizer: tokenizers.Tokenizer, *, max_len: int
 ) -> list[Example]:
     """Tokenizes texts into padded decoder-only examples.
 
@@ -108,14 +112,14 @@ def encode_lm(
     for text in texts:
         ids = tokenizer.encode(text, add_eos=True)
         if len(ids) <= max_len:
-            targets, targets_segment_ids = _pad(ids, max_len)
+            targets, targets_segment_ids = pad_ids(ids, max_len)
             examples.append({"targets": targets, "targets_segment_ids": targets_segment_ids})
     _log_dropped("lm", len(texts) - len(examples), len(texts), "raise max_len")
     return examples
 
 
 def encode_classify(
-    examples: Sequence[tuple[str, int]], tokenizer: tokenizers.WordTokenizer, *, max_len: int
+    examples: Sequence[tuple[str, int]], tokenizer: tokenizers.Tokenizer, *, max_len: int
 ) -> list[Example]:
     """Tokenizes (text, label) pairs into padded classification examples.
 
@@ -137,7 +141,7 @@ def encode_classify(
             raise ValueError(f"Label {label} of {text!r} is negative: labels must be >= 0.")
         ids = tokenizer.encode(text, add_bos=True)
         if len(ids) <= max_len:
-            inputs, inputs_segment_ids = _pad(ids, max_len)
+            inputs, inputs_segment_ids = pad_ids(ids, max_len)
             labels = np.asarray(label, dtype=np.int32)
             encoded.append(
                 {"inputs": inputs, "inputs_segment_ids": inputs_segment_ids, "labels": labels}

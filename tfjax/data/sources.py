@@ -1,0 +1,273 @@
+"""Raw text from files, named local corpora and online hubs, with errors that name file and line.
+
+Everything here returns plain Python strings; tokenizing and batching happen in `datasets` and
+`pipeline`. Readers:
+  * `read_lines`: UTF-8 lines of one file (no trailing newline; "\\r\\n" accepted);
+  * `read_parallel`: line-aligned source/target files (`train.en` / `train.de`) or a TSV file
+    with source and target columns;
+  * `read_classification`: a TSV file of (text, integer label) rows;
+  * `read_text`: a whole file as one string (language modelling).
+Named corpora read from a data directory (`data.dir`, else `$TFJAX_DATA_DIR`, else
+`../shared/data` when it exists) and verify the SHA-256 sums of its `SHA256SUMS` file before use:
+  * `multi30k`: Multi30k Task 1 (Elliott et al. 2016), En-De in either direction; splits
+    train (29,000), val (1,014), test2016 (1,000, the reference sacreBLEU uses);
+  * `tinyshakespeare`: Karpathy's 1,115,394 characters, split 90/10 as nanoGPT does
+    (train 1,003,854 characters, val 111,540).
+`hub_pairs` reads translation pairs through Hugging Face `datasets` (the `hub` extra, imported on
+first use), e.g. WMT14 De-En; given a builder like "json" and local files it reads those instead,
+which is how it is tested offline.
+"""
+
+import functools
+import hashlib
+import os
+import pathlib
+from collections.abc import Sequence
+
+DATA_DIR_ENV = "TFJAX_DATA_DIR"
+CHECKSUM_FILE = "SHA256SUMS"
+MULTI30K_SPLITS = ("train", "val", "test2016")
+MULTI30K_LANGS = ("en", "de")
+SHAKESPEARE_SPLITS = ("train", "val")
+SHAKESPEARE_TRAIN_FRACTION = 0.9  # nanoGPT's data/shakespeare_char/prepare.py
+
+
+def data_dir(configured: str = "") -> pathlib.Path:
+    """The data directory: `configured`, else $TFJAX_DATA_DIR, else ../shared/data if present.
+
+    Raises:
+        FileNotFoundError: if none of them is an existing directory.
+    """
+    candidates = [configured] if configured else [os.environ.get(DATA_DIR_ENV, "")]
+    if not configured and not candidates[0]:
+        candidates = [os.path.join("..", "shared", "data")]
+    path = pathlib.Path(candidates[0]).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"data directory {str(path)!r} does not exist: set --config.data.dir=DIR or the "
+            f"{DATA_DIR_ENV} environment variable to the folder holding multi30k/ and "
+            "tinyshakespeare/"
+        )
+    return path
+
+
+def _read_bytes(path: str | os.PathLike) -> bytes:
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file; check the data paths in the config")
+    return path.read_bytes()
+
+
+def _decode(raw: bytes, path: str | os.PathLike) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise ValueError(
+            f"{path}:{line}: byte {raw[err.start]:#04x} at column {column} is not UTF-8; "
+            "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The whole UTF-8 file as one string.
+
+    Raises:
+        FileNotFoundError: if the file is missing.
+        ValueError: for undecodable bytes (file, line and column named) or an empty file.
+    """
+    text = _decode(_read_bytes(path), path)
+    if not text.strip():
+        raise ValueError(f"{path} is empty: a split needs at least one example")
+    return text
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """The lines of a UTF-8 file, without line endings ("\\n" or "\\r\\n").
+
+    Raises:
+        FileNotFoundError, ValueError: as `read_text`.
+    """
+    lines = read_text(path).split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the final newline ends the last line; it does not start a new one
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _split_tsv(lines: Sequence[str], path, columns: int) -> list[list[str]]:
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        fields = line.split("\t")
+        if len(fields) != columns:
+            raise ValueError(
+                f"{path}:{number}: expected {columns} tab-separated columns, found "
+                f"{len(fields)}: {line[:80]!r}"
+            )
+        rows.append(fields)
+    return rows
+
+
+def read_parallel(source_path: str | os.PathLike, target_path: str | os.PathLike | None = None):
+    """(source, target) pairs from two line-aligned files, or from one two-column TSV file.
+
+    Args:
+        source_path: the source-language file, or a TSV file when `target_path` is None.
+        target_path: the target-language file, line i translating line i of `source_path`.
+
+    Returns:
+        A list of (source, target) strings.
+
+    Raises:
+        FileNotFoundError: for a missing file.
+        ValueError: for mismatched line counts (both files and counts named), a TSV line
+            without exactly two columns, undecodable bytes or an empty file.
+    """
+    if target_path is None:
+        return [tuple(row) for row in _split_tsv(read_lines(source_path), source_path, 2)]
+    sources, targets = read_lines(source_path), read_lines(target_path)
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"parallel files differ in length: {source_path} has {len(sources)} lines, "
+            f"{target_path} has {len(targets)}; line i of one must translate line i of the other"
+        )
+    return list(zip(sources, targets, strict=True))
+
+
+def read_classification(path: str | os.PathLike) -> list[tuple[str, int]]:
+    """(text, label) rows of a TSV file whose second column is an integer label >= 0.
+
+    Raises:
+        FileNotFoundError, ValueError: as `read_parallel`, and for a label that is not an
+            integer >= 0 (line named).
+    """
+    examples = []
+    for number, (text, label) in enumerate(_split_tsv(read_lines(path), path, 2), start=1):
+        if not label.strip().isdigit():
+            raise ValueError(f"{path}:{number}: label {label!r} is not an integer >= 0")
+        examples.append((text, int(label)))
+    return examples
+
+
+@functools.cache
+def _sha256(path: pathlib.Path, size: int, mtime: float) -> str:
+    del size, mtime  # cache keys: a changed file is hashed again
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def verify_checksums(root: str | os.PathLike, names: Sequence[str]) -> None:
+    """Checks `names` (paths relative to `root`) against `root/SHA256SUMS`.
+
+    Raises:
+        FileNotFoundError: if SHA256SUMS or a named file is missing.
+        ValueError: if a file is not listed or its SHA-256 differs from the listed one.
+    """
+    root = pathlib.Path(root)
+    listing = root / CHECKSUM_FILE
+    if not listing.is_file():
+        raise FileNotFoundError(
+            f"{listing} is missing: the named corpora are verified against it; restore the data "
+            "folder (see its README) or point data.dir at a complete copy"
+        )
+    expected = {}
+    for line in read_lines(listing):
+        if line.strip():
+            digest, _, name = line.partition("  ")
+            expected[name.strip()] = digest.strip()
+    for name in names:
+        path = root / name
+        if name not in expected:
+            raise ValueError(f"{name} is not listed in {listing}: cannot verify it")
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file; the data folder is incomplete")
+        stat = path.stat()
+        actual = _sha256(path, stat.st_size, stat.st_mtime)
+        if actual != expected[name]:
+            raise ValueError(
+                f"checksum mismatch for {path}: SHA-256 {actual}, expected {expected[name]} "
+                f"({listing}); the file is corrupt or was modified: restore the original"
+            )
+
+
+def multi30k(
+    root: str | os.PathLike, split: str, *, source_lang: str = "en", target_lang: str = "de"
+) -> list[tuple[str, str]]:
+    """Multi30k (Task 1) pairs of `split`, verified against SHA256SUMS.
+
+    Raises:
+        ValueError: for an unknown split or language pair, or a checksum mismatch.
+        FileNotFoundError: for missing files.
+    """
+    if split not in MULTI30K_SPLITS:
+        raise ValueError(f"multi30k has splits {MULTI30K_SPLITS}, not {split!r}")
+    if {source_lang, target_lang} != set(MULTI30K_LANGS):
+        raise ValueError(
+            f"multi30k translates between {MULTI30K_LANGS}: got source_lang={source_lang!r}, "
+            f"target_lang={target_lang!r}"
+        )
+    names = [f"multi30k/{split}.{lang}" for lang in (source_lang, target_lang)]
+    verify_checksums(root, names)
+    return read_parallel(pathlib.Path(root) / names[0], pathlib.Path(root) / names[1])
+
+
+def split_text(text: str, split: str, train_fraction: float) -> str:
+    """The first `train_fraction` of the characters ("train") or the rest ("val")."""
+    if not 0 < train_fraction < 1:
+        raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
+    if split not in SHAKESPEARE_SPLITS:
+        raise ValueError(f"a text file splits into {SHAKESPEARE_SPLITS}, not {split!r}")
+    cut = int(train_fraction * len(text))
+    return text[:cut] if split == "train" else text[cut:]
+
+
+def tinyshakespeare(root: str | os.PathLike, split: str) -> str:
+    """Split `split` ("train" or "val") of Tiny Shakespeare, verified against SHA256SUMS."""
+    name = "tinyshakespeare/input.txt"
+    verify_checksums(root, [name])
+    return split_text(read_text(pathlib.Path(root) / name), split, SHAKESPEARE_TRAIN_FRACTION)
+
+
+def hub_pairs(
+    name: str,
+    split: str,
+    *,
+    config: str = "",
+    source_lang: str,
+    target_lang: str,
+    data_files: str | None = None,
+) -> list[tuple[str, str]]:
+    """Translation pairs of a Hugging Face dataset with a `translation` column.
+
+    Args:
+        name: a hub dataset ("wmt14") or a local builder ("json", "parquet").
+        split: the split to read ("train", "validation", "test").
+        config: the dataset configuration ("de-en" for WMT14).
+        source_lang, target_lang: keys of the `translation` dicts.
+        data_files: local files for a builder such as "json" (tests use this: no network).
+
+    Raises:
+        ImportError: if `datasets` is not installed (install the `hub` extra).
+        ValueError: if the records hold no `translation` column with both languages.
+    """
+    try:
+        import datasets as hf_datasets
+    except ImportError as err:
+        raise ImportError(
+            "data.name='hub' needs Hugging Face datasets: pip install -e '.[hub]'"
+        ) from err
+    kwargs = {"data_files": {split: data_files}} if data_files else {}
+    table = hf_datasets.load_dataset(name, config or None, split=split, **kwargs)
+    if "translation" not in table.column_names:
+        raise ValueError(
+            f"{name} split {split} has columns {table.column_names}, not 'translation': "
+            "hub data must hold translation pairs"
+        )
+    pairs = []
+    for number, record in enumerate(table["translation"], start=1):
+        if source_lang not in record or target_lang not in record:
+            raise ValueError(
+                f"{name} {split} record {number} has languages {sorted(record)}, "
+                f"not {source_lang!r} and {target_lang!r}"
+            )
+        pairs.append((record[source_lang], record[target_lang]))
+    return pairs
