@@ -1,6 +1,8 @@
 """Evaluate a trained run: `python -m experiments.evaluate --workdir=W [--beam_size=4]`.
 
-Flags: `--split` (default: the run's `data.eval_split`, normally "test"; or "train"),
+Flags: `--split` (default: the run's `data.eval_split`; any split of the run's dataset, e.g.
+"test2016" for multi30k, or "train"), `--average_last` (1; N > 1 averages the parameters of the
+last N checkpoints),
 `--beam_size` (4; 1 = greedy), `--alpha` (0.6, beam length penalty), `--step` (default: the
 latest good checkpoint), `--max_examples` (0 = the whole split), `--batch_size` (64).
 
@@ -11,7 +13,10 @@ Reads `W/config.json`, restores the checkpoint, then
     `teacher_forced_exact_match` and `greedy_exact_match` of `trainer.evaluate`. Hypotheses go
     to `W/eval/<split>_step<N>_beam<k>.hyp.txt`, one line per example, in the split's order.
   * lm and classify runs: the teacher-forced metrics of `trainer.evaluate` (the same keys as
-    the `eval` records of `metrics.jsonl`).
+    the `eval` records of `metrics.jsonl`); language models on a text stream (e.g.
+    tinyshakespeare) score the whole split in consecutive windows and also report
+    `sampled_nll`, the mean loss over `--sample_windows` (2,400 = nanoGPT's 200 batches of 12)
+    windows at random offsets, seed 0.
 The scores are printed and written to `W/eval.json` (the latest evaluation: split, step,
 beam_size, alpha, num_examples, the scores and the sacreBLEU signatures); a copy stays in
 `W/eval/<split>_step<N>_beam<k>.json`. Runs on one host, CPU included.
@@ -95,6 +100,7 @@ def restore_workdir(
     kinds: tuple[str, ...],
     step: int | None = None,
     split: str | None = None,
+    average_last: int = 1,
 ) -> tuple[Any, Any]:
     """Restores the run in `workdir` for `tool`: `trainer.restore` with clear errors.
 
@@ -102,7 +108,8 @@ def restore_workdir(
         workdir, tool, kinds: see `load_workdir_config`.
         step: the checkpoint step (None: the latest good one).
         split: the examples `run.examples.eval` holds: the config's `data.eval_split` (None
-            means that one) or "train".
+            means that one), another split of the dataset (e.g. "test2016") or "train".
+        average_last: average the parameters of the last N checkpoints (1 = no averaging).
 
     Returns:
         (run, restored) of `trainer.restore`; the parameters are `restored.state.params`.
@@ -112,8 +119,11 @@ def restore_workdir(
             unknown split.
     """
     config = load_workdir_config(workdir, tool=tool, kinds=kinds)
-    allowed = tuple(dict.fromkeys((config.data.eval_split, "train")))
-    if split is not None and split not in allowed:
+    from tfjax.data import datasets
+
+    named = datasets.eval_splits(config.data.name)
+    allowed = tuple(dict.fromkeys((config.data.eval_split, *named, "train")))
+    if split is not None and named and split not in allowed:
         raise CommandError(f"unknown split {split!r}: choose one of {', '.join(allowed)}")
     if split is not None:
         config.data.eval_split = split  # a locked config still takes new values for its keys
@@ -121,7 +131,9 @@ def restore_workdir(
     from tfjax import trainer
 
     try:
-        return trainer.restore(config, workdir, step)
+        return trainer.restore(config, workdir, step, average_last=average_last)
+    except ValueError as err:
+        raise CommandError(str(err)) from err
     except FileNotFoundError as err:
         raise CommandError(
             f"{pathlib.Path(workdir) / 'checkpoints'} holds no checkpoint: "
@@ -178,6 +190,8 @@ def evaluate_workdir(
     step: int | None = None,
     max_examples: int = 0,
     batch_size: int = 64,
+    average_last: int = 1,
+    sample_windows: int = 2400,
 ) -> dict[str, Any]:
     """Evaluates the run in `workdir` as the module docstring describes; returns the record.
 
@@ -186,8 +200,15 @@ def evaluate_workdir(
     """
     _check_options(beam_size, alpha, max_examples, batch_size)
     workdir = pathlib.Path(workdir)
+    if average_last < 1:
+        raise CommandError(f"--average_last must be >= 1 (1 = no averaging), got {average_last}")
     run, restored = restore_workdir(
-        workdir, tool="experiments.evaluate", kinds=tuple(TOOLS), step=step, split=split
+        workdir,
+        tool="experiments.evaluate",
+        kinds=tuple(TOOLS),
+        step=step,
+        split=split,
+        average_last=average_last,
     )
     from tfjax import trainer
 
@@ -196,12 +217,23 @@ def evaluate_workdir(
     count = min(max_examples or len(run.examples.eval), len(run.examples.eval))
     record = {"split": split, "step": restored.step, "num_examples": count}
     name = f"{split}_step{restored.step}"
+    if average_last > 1:
+        record["averaged_checkpoints"] = average_last
+        name += f"_avg{average_last}"
     if run.examples.format == "seq2seq":
         name += f"_beam{beam_size}"
         scores["teacher_forced_exact_match"] = scores.pop("exact_match")
         record.update(beam_size=beam_size, alpha=alpha)
         options = dict(beam_size=beam_size, alpha=alpha, max_examples=max_examples)
         record.update(_decoded_scores(run, params, name, workdir, batch_size=batch_size, **options))
+    stream = run.examples.eval_stream
+    if stream is not None and sample_windows:
+        from tfjax.data import datasets
+
+        length = run.config.data.max_target_len
+        windows = datasets.sample_windows(stream, length, sample_windows, seed=0)
+        sampled = trainer.evaluate(run, params, examples=windows)
+        record.update(sampled_windows=sample_windows, sampled_nll=sampled["nll"])
     record.update(scores)
     text = json.dumps(record, indent=2) + "\n"
     (workdir / "eval").mkdir(exist_ok=True)
@@ -239,6 +271,8 @@ def main(argv):
             step=FLAGS.step,
             max_examples=FLAGS.max_examples,
             batch_size=FLAGS.batch_size,
+            average_last=FLAGS.average_last,
+            sample_windows=FLAGS.sample_windows,
         )
     except CommandError as err:
         sys.exit(f"error: {err}")
@@ -255,6 +289,14 @@ def _define_flags() -> None:
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
     flags.DEFINE_integer("max_examples", 0, "Evaluate the first N examples only (0 = all).")
     flags.DEFINE_integer("batch_size", 64, "Sources decoded per call.")
+    flags.DEFINE_integer(
+        "average_last", 1, "Average the parameters of the last N checkpoints (1 = none)."
+    )
+    flags.DEFINE_integer(
+        "sample_windows",
+        2400,
+        "Text-stream LMs: also report the loss on N random windows (nanoGPT: 200 x 12).",
+    )
     flags.mark_flag_as_required("workdir")
 
 
