@@ -1,0 +1,141 @@
+"""The corpus recipes (configs/multi30k.py, shakespeare_char.py, listops.py, wmt14.py) build and
+run end to end on small local corpora; checkpoint averaging and window-sampled LM loss."""
+
+import hashlib
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from experiments import config_utils, evaluate
+from tfjax import checkpointing, models, optim, trainer
+from tfjax.data import datasets, sources
+
+SENTENCES = [
+    ("A man rides a horse on the beach .", "Ein Mann reitet ein Pferd am Strand ."),
+    ("Two dogs play in the snow .", "Zwei Hunde spielen im Schnee ."),
+    ("A girl in a red dress sings .", "Ein Mädchen in einem roten Kleid singt ."),
+    ("The men are fishing from a boat .", "Die Männer angeln von einem Boot aus ."),
+]
+RECIPES = [
+    "configs/multi30k.py:base",
+    "configs/multi30k.py:cpu",
+    "configs/shakespeare_char.py:cpu",
+    "configs/shakespeare_char.py:gpu",
+    "configs/listops.py:base",
+    "configs/listops.py:cpu",
+    "configs/wmt14.py:base",
+    "configs/wmt14.py:big",
+]
+
+
+def _corpus(root: pathlib.Path, files: dict[str, str]) -> str:
+    lines = []
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text, encoding="utf-8")
+        lines.append(f"{hashlib.sha256(text.encode()).hexdigest()}  {name}\n")
+    (root / sources.CHECKSUM_FILE).write_text("".join(lines))
+    return str(root)
+
+
+@pytest.mark.parametrize("spec", RECIPES)
+def test_recipe_configs_build(spec):
+    config = config_utils.load_config(spec, [])
+    models.ModelConfig(**{**config.model.to_dict(), "vocab_size": 100})
+    datasets.DataConfig(**config.data)
+    optim.OptimConfig(**{**config.optim.to_dict(), "decay_steps": 10**6})
+
+
+@pytest.fixture(scope="module")
+def multi30k_workdir(tmp_path_factory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("data")
+    files = {}
+    for split in sources.MULTI30K_SPLITS:
+        files[f"multi30k/{split}.en"] = "".join(f"{s}\n" for s, _ in SENTENCES * 4)
+        files[f"multi30k/{split}.de"] = "".join(f"{t}\n" for _, t in SENTENCES * 4)
+    overrides = [f"data.dir={_corpus(root, files)}", "train.num_train_steps=8"]
+    config = config_utils.load_config("configs/multi30k.py:tiny", overrides)
+    workdir = tmp_path_factory.mktemp("multi30k")
+    result = trainer.train_and_evaluate(config, workdir)
+    assert 0 <= result["greedy_bleu"] <= 100
+    return workdir
+
+
+def test_multi30k_recipe_trains_and_evaluates_test2016_with_averaging(multi30k_workdir):
+    record = evaluate.evaluate_workdir(
+        multi30k_workdir, split="test2016", beam_size=2, average_last=2
+    )
+    assert record["split"] == "test2016" and record["averaged_checkpoints"] == 2
+    assert record["num_examples"] == 16 and 0 <= record["bleu"] <= 100
+    hypotheses = (multi30k_workdir / record["hypotheses"]).read_text().splitlines()
+    assert len(hypotheses) == 16
+    with pytest.raises(evaluate.CommandError, match="keep_checkpoints >= 9"):
+        evaluate.evaluate_workdir(multi30k_workdir, split="val", average_last=9)
+    with pytest.raises(evaluate.CommandError, match="unknown split 'test2017'"):
+        evaluate.evaluate_workdir(multi30k_workdir, split="test2017")
+
+
+def test_checkpoint_average_is_the_mean_of_the_saved_parameters(multi30k_workdir):
+    config = config_utils.load_config_json(multi30k_workdir / "config.json")
+    run, _ = trainer.restore(config, multi30k_workdir)
+    with checkpointing.Checkpointer(multi30k_workdir / "checkpoints") as checkpointer:
+        steps = checkpointer.all_steps()[-2:]
+        first, second = (checkpointer.restore(run.abstract_state, step=s) for s in steps)
+        averaged = checkpointer.restore_average(run.abstract_state, last=2)
+    assert averaged.step == steps[-1]
+    expected = jax.tree.map(lambda a, b: (a + b) / 2, first.state.params, second.state.params)
+    for want, got in zip(
+        jax.tree.leaves(expected), jax.tree.leaves(averaged.state.params), strict=True
+    ):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    different = [
+        not np.array_equal(a, b)
+        for a, b in zip(
+            jax.tree.leaves(first.state.params), jax.tree.leaves(second.state.params), strict=True
+        )
+    ]
+    assert any(different)  # the two checkpoints really differ, so the test can fail
+
+
+def test_shakespeare_recipe_scores_the_whole_val_split(tmp_path):
+    line = "FIRST CITIZEN:\nWe are accounted poor citizens, line {}.\n"
+    text = "".join(line.format(i) for i in range(60))
+    root = _corpus(tmp_path / "data", {"tinyshakespeare/input.txt": text})
+    config = config_utils.load_config(
+        "configs/shakespeare_char.py:tiny", [f"data.dir={root}", "train.max_eval_examples=0"]
+    )
+    result = trainer.train_and_evaluate(config, tmp_path / "run")
+    assert np.isfinite(result["nll"])
+    run, _ = trainer.restore(config, tmp_path / "run")
+    val = text[int(0.9 * len(text)) :]
+    # Every val character after the first is scored exactly once.
+    weights = sum(int(e["targets_weights"].sum()) for e in run.examples.eval)
+    assert weights == len(val) - 1
+    record = evaluate.evaluate_workdir(tmp_path / "run", sample_windows=64)
+    assert record["sampled_windows"] == 64 and np.isfinite(record["sampled_nll"])
+    assert record["nll"] == pytest.approx(result["nll"], rel=1e-5)
+
+
+def test_listops_recipe_runs(tmp_path):
+    config = config_utils.load_config("configs/listops.py:tiny", [])
+    result = trainer.train_and_evaluate(config, tmp_path)
+    assert 0 <= result["accuracy"] <= 1
+
+
+def test_wmt14_pipeline_runs_on_a_local_sample(tmp_path):
+    pytest.importorskip("datasets", reason="the hub extra (Hugging Face datasets) is missing")
+    import json
+
+    for split in ("train", "validation"):
+        records = [{"translation": {"en": s, "de": t}} for s, t in SENTENCES * 4]
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    overrides = [
+        "data.hub_name=json",
+        f"data.train_path={tmp_path / 'train.jsonl'}",
+        f"data.eval_path={tmp_path / 'validation.jsonl'}",
+    ]
+    config = config_utils.load_config("configs/wmt14.py:tiny", overrides)
+    result = trainer.train_and_evaluate(config, tmp_path / "run")
+    assert 0 <= result["greedy_bleu"] <= 100
