@@ -1,4 +1,4 @@
-"""Benchmarks: `python -m experiments.bench [--bench=train,decode] [--repeats=5]`.
+"""Benchmarks: `python -m experiments.bench [--bench=train,decode] [--repeats=5] [--peer=torch]`.
 
 Every sub-benchmark prints one JSON line: the shape, tokens/s (median, min, max over repeats
 after a warm-up), compile time, peak resident memory of the process, and the jax/flax versions
@@ -14,8 +14,23 @@ step) and beam search with 4 beams. `attention` (not in the default list: about 
 times forward + backward of one attention layer (batch 1, 4 heads of 64) for lengths 256 to
 8192: full attention, the dense sliding-window mask (radius 64, still O(L^2)) and the blocked
 local attention of `tfjax.attention.local_attention` (O(L * r)), with XLA's temp memory.
+
+`--peer=torch` (needs the `parity` extra: `pip install -e ".[parity]"`) runs PyTorch's
+`torch.nn.Transformer`, set up like the tfjax model (`experiments/bench_torch.py`), in the same
+process on the same shape and batch, and adds a `peer` object to the `train` line. After one
+warm-up step of each side (tfjax's includes compilation), `--repeats` pairs are timed; each
+pair times exactly one train step of each side, one call at a time (tfjax's synchronised with
+`jax.block_until_ready`, torch's by `loss.item()`), tfjax first in even pairs and torch first
+in odd ones so that neither side always runs right after the other. tfjax's fields are computed
+from its steps in the pairs; `peer.ratio_per_pair` is tfjax tokens/s / torch tokens/s of each
+pair. Both use their default thread pools (torch's count is in `peer.threads`); on a busy host
+run with `OMP_WAIT_POLICY=PASSIVE`, or torch's spinning OpenMP workers can slow its steps 30x
+(measured on 2 cores shared with a training job: 5.2 s instead of 0.16 s at batch 2). The torch
+model has a final LayerNorm on each stack that tfjax's post-LN model lacks (`peer.notes`), so
+its `num_params` is 4 * d_model larger.
 """
 
+import functools
 import json
 import resource
 import statistics
@@ -24,8 +39,11 @@ import time
 
 from absl import app, flags
 
+from experiments import bench_torch
+
 FLAGS = flags.FLAGS
 BENCHES = ("train", "decode", "attention")
+PEERS = ("torch",)
 ATTENTION_LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
 ATTENTION_RADIUS = 64
 SHAPE = dict(
@@ -47,6 +65,9 @@ def _define_flags():
     flags.DEFINE_integer("repeats", 5, "Timed repeats after one warm-up.")
     flags.DEFINE_integer("batch", SHAPE["batch"], "Batch size.")
     flags.DEFINE_string("dtype", "float32", "Compute dtype (bfloat16 on accelerators).")
+    flags.DEFINE_string(
+        "peer", "", f"Framework timed beside tfjax in `train`: '' or one of {PEERS}."
+    )
 
 
 def _environment() -> dict:
@@ -68,19 +89,38 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _time(fn, repeats: int) -> tuple[float, list[float]]:
-    """(first call incl. compilation, [seconds per timed call])."""
+def _time_once(fn) -> float:
+    """Seconds of one call of `fn`, waiting for its (jax) outputs."""
     import jax
 
     start = time.perf_counter()
     jax.block_until_ready(fn())
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return first, times
+    return time.perf_counter() - start
+
+
+def _time(fn, repeats: int) -> tuple[float, list[float]]:
+    """(first call incl. compilation, [seconds per timed call])."""
+    first = _time_once(fn)
+    return first, [_time_once(fn) for _ in range(repeats)]
+
+
+def _time_pairs(fn, peer_fn, repeats: int) -> tuple[float, list[float], list[float]]:
+    """(first `fn` call incl. compilation, [fn seconds], [peer_fn seconds]) over alternating pairs.
+
+    After one warm-up call of each, pair i times one call of each: `fn` first when i is even,
+    `peer_fn` first when i is odd.
+    """
+    first = _time_once(fn)
+    _time_once(peer_fn)
+    times, peer_times = [], []
+    for i in range(repeats):
+        if i % 2 == 0:
+            times.append(_time_once(fn))
+            peer_times.append(_time_once(peer_fn))
+        else:
+            peer_times.append(_time_once(peer_fn))
+            times.append(_time_once(fn))
+    return first, times, peer_times
 
 
 def _rates(tokens: float, times: list[float]) -> dict:
@@ -106,14 +146,15 @@ def _model(dtype: str):
     return models.create_model(models.ModelConfig(**fields, dtype=dtype))
 
 
-def _batch(batch: int):
+def _batch(batch: int, shape: dict = SHAPE):
+    """Random ids in [3, V) (no padding): "inputs" [B, S], "targets" [B, L], segment ids 1."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    shape_s, shape_l = (batch, SHAPE["source_len"]), (batch, SHAPE["target_len"])
+    shape_s, shape_l = (batch, shape["source_len"]), (batch, shape["target_len"])
     return {
-        "inputs": rng.integers(3, SHAPE["vocab_size"], shape_s, dtype=np.int32),
-        "targets": rng.integers(3, SHAPE["vocab_size"], shape_l, dtype=np.int32),
+        "inputs": rng.integers(3, shape["vocab_size"], shape_s, dtype=np.int32),
+        "targets": rng.integers(3, shape["vocab_size"], shape_l, dtype=np.int32),
         "inputs_segment_ids": np.ones(shape_s, np.int32),
         "targets_segment_ids": np.ones(shape_l, np.int32),
     }
@@ -139,17 +180,18 @@ def train_flops(batch: int) -> tuple[float, str]:
     return 3.0 * batch * (enc + dec + logits), formula
 
 
-def bench_train(repeats: int, batch: int, dtype: str) -> dict:
+def _train_step(data: dict, dtype: str):
+    """(`run() -> metrics`: one jitted tfjax train step on `data`, parameter count)."""
     import jax
 
     from tfjax import optim, training
 
     model = _model(dtype)
     optimizer, schedule = optim.make_optimizer(optim.OptimConfig(), SHAPE["embed_dim"])
-    data = _batch(batch)
     state = training.create_train_state(
         model, optimizer, jax.random.key(0), data, "encoder_decoder"
     )
+    num_params = sum(x.size for x in jax.tree.leaves(state.params))
     step = jax.jit(
         training.make_train_step(
             model, optimizer, schedule, kind="encoder_decoder", label_smoothing=0.1
@@ -162,20 +204,51 @@ def bench_train(repeats: int, batch: int, dtype: str) -> dict:
         holder["state"], metrics = step(holder["state"], data, jax.random.key(1))
         return metrics
 
-    first, times = _time(run, repeats)
+    return run, num_params
+
+
+def _peer_result(peer: str, times: list[float], peer_times: list[float], tokens: int) -> dict:
+    """The `peer` object of the train line (see the module docstring)."""
+    del peer  # only "torch" so far
+    ratios = [peer_t / t for t, peer_t in zip(times, peer_times, strict=True)]
+    return {
+        **bench_torch.info(),
+        "num_params": bench_torch.num_params(SHAPE),
+        "target_tokens_per_second": _rates(tokens, peer_times),
+        "step_seconds_median": statistics.median(peer_times),
+        "ratio_per_pair": ratios,
+        "ratio_median": statistics.median(ratios),
+        "notes": list(bench_torch.NOTES),
+    }
+
+
+def bench_train(repeats: int, batch: int, dtype: str, peer: str = "") -> dict:
+    """Train-step throughput of tfjax; with `peer`, timed in alternation with that framework."""
+    data = _batch(batch)
+    run, num_params = _train_step(data, dtype)
+    tokens = batch * SHAPE["target_len"]
+    if peer:
+        peer_step = bench_torch.make_train_step(SHAPE, data)
+        first, times, peer_times = _time_pairs(run, peer_step, repeats)
+    else:
+        first, times = _time(run, repeats)
     flops, formula = train_flops(batch)
     ceiling = matmul_ceiling()
     median_time = statistics.median(times)
-    return {
+    out = {
         "bench": "train",
-        "target_tokens_per_second": _rates(batch * SHAPE["target_len"], times),
+        "target_tokens_per_second": _rates(tokens, times),
         "step_seconds_median": median_time,
         "compile_seconds": first - median_time,
         "model_flops_per_step": flops,
         "flops_formula": formula,
         "matmul_ceiling_flops": ceiling,
         "mfu": flops / median_time / ceiling,
+        "num_params": num_params,
     }
+    if peer:
+        out["peer"] = _peer_result(peer, times, peer_times, tokens)
+    return out
 
 
 def bench_decode(repeats: int, batch: int, dtype: str) -> dict:
@@ -259,14 +332,32 @@ def bench_attention(repeats: int, batch: int, dtype: str) -> dict:
     return out
 
 
+def check_peer(peer: str, benches: list[str]) -> None:
+    """Raises app.UsageError unless `peer` is '' or one of PEERS, with `train` among `benches`."""
+    if peer and peer not in PEERS:
+        raise app.UsageError(f"unknown --peer={peer!r}; choose '' (none) or one of {PEERS}")
+    if peer and "train" not in benches:
+        raise app.UsageError(f"--peer={peer} compares the train bench: add train to --bench")
+
+
 def main(argv):
     del argv
     unknown = set(FLAGS.bench) - set(BENCHES)
     if unknown:
         raise app.UsageError(f"unknown --bench {sorted(unknown)}; choose from {BENCHES}")
+    check_peer(FLAGS.peer, FLAGS.bench)
+    if FLAGS.peer:
+        try:
+            bench_torch.require_torch()
+        except ImportError as error:
+            sys.exit(str(error))
     env = _environment()
     shape = {**SHAPE, "batch": FLAGS.batch, "dtype": FLAGS.dtype}
-    runners = {"train": bench_train, "decode": bench_decode, "attention": bench_attention}
+    runners = {
+        "train": functools.partial(bench_train, peer=FLAGS.peer),
+        "decode": bench_decode,
+        "attention": bench_attention,
+    }
     for name in FLAGS.bench:
         result = runners[name](FLAGS.repeats, FLAGS.batch, FLAGS.dtype)
         result.update(shape=shape, peak_rss_bytes=_peak_rss_bytes(), **env)

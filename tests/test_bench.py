@@ -1,0 +1,108 @@
+"""Tests of the benchmark harness (`experiments/bench.py`) and its torch peer (`bench_torch.py`).
+
+Only tiny shapes: the benchmark shape itself is never run here.
+"""
+
+import math
+import sys
+
+import jax
+import numpy as np
+import pytest
+from absl import app
+
+from experiments import bench, bench_torch
+from tfjax import models
+
+# V, D, 1 + 1 layers, B = 2, S = L = 8: the same fields as `bench.SHAPE`.
+TINY = dict(
+    vocab_size=50,
+    embed_dim=16,
+    num_layers=1,
+    num_decoder_layers=1,
+    num_heads=2,
+    mlp_dim=32,
+    dropout_rate=0.1,
+    batch=2,
+    source_len=8,
+    target_len=8,
+)
+
+
+@pytest.mark.parametrize("peer", ["", "torch"])
+def test_check_peer_accepts_known_peers(peer):
+    bench.check_peer(peer, ["train", "decode"])
+
+
+@pytest.mark.parametrize("peer", ["jax", "Torch", "tensorflow"])
+def test_check_peer_rejects_unknown_peers(peer):
+    with pytest.raises(app.UsageError, match="torch"):
+        bench.check_peer(peer, ["train"])
+
+
+def test_check_peer_needs_the_train_bench():
+    with pytest.raises(app.UsageError, match="train"):
+        bench.check_peer("torch", ["decode"])
+
+
+def test_require_torch_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    with pytest.raises(ImportError, match=r"\.\[parity\]"):
+        bench_torch.require_torch()
+
+
+def test_batch_ids_and_segments():
+    data = bench._batch(TINY["batch"], TINY)
+    assert data["inputs"].shape == (2, 8) and data["targets"].shape == (2, 8)
+    for key in ("inputs", "targets"):
+        assert data[key].dtype == np.int32
+        assert data[key].min() >= 3 and data[key].max() < TINY["vocab_size"]
+    assert (data["inputs_segment_ids"] == 1).all() and (data["targets_segment_ids"] == 1).all()
+
+
+def test_sinusoid_table_matches_the_paper():
+    table = bench_torch.sinusoid_table(5, 8)  # [L, D]
+    for pos in range(5):
+        for i in range(4):
+            angle = pos / 10000 ** (2 * i / 8)
+            np.testing.assert_allclose(table[pos, 2 * i], math.sin(angle), atol=1e-6)
+            np.testing.assert_allclose(table[pos, 2 * i + 1], math.cos(angle), atol=1e-6)
+
+
+def test_torch_has_final_norms_on_top_of_tfjax_parameters():
+    pytest.importorskip("torch", reason="the torch peer needs the 'parity' extra")
+    fields = {k: v for k, v in TINY.items() if k not in ("batch", "source_len", "target_len")}
+    model = models.create_model(models.ModelConfig(**fields))
+    tokens = jax.ShapeDtypeStruct((2, 8), np.int32)
+    params = jax.eval_shape(model.init, jax.random.key(0), tokens, tokens)["params"]
+    tfjax_count = sum(x.size for x in jax.tree.leaves(params))
+    # Two extra LayerNorms (scale and bias of width D) end torch's encoder and decoder stacks.
+    assert bench_torch.num_params(TINY) == tfjax_count + 4 * TINY["embed_dim"]
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread: on a busy machine torch's spinning OpenMP workers slow tiny steps
+    by 100x (0.6 s instead of 5 ms on 2 shared cores); the benchmark itself keeps the default."""
+    torch = pytest.importorskip("torch", reason="the torch peer needs the 'parity' extra")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_torch_train_step_loss_is_finite_and_decreases(one_torch_thread):
+    step = bench_torch.make_train_step(TINY, bench._batch(TINY["batch"], TINY), learning_rate=3e-3)
+    losses = [step() for _ in range(20)]
+    assert all(isinstance(loss, float) and math.isfinite(loss) for loss in losses)
+    assert np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.5, losses
+
+
+def test_time_pairs_alternates_order():
+    calls = []
+    first, times, peer_times = bench._time_pairs(
+        lambda: calls.append("tfjax"), lambda: calls.append("peer"), repeats=3
+    )
+    # Warm-up of each, then pairs: tfjax first in even pairs, the peer first in odd ones.
+    assert calls == ["tfjax", "peer", "tfjax", "peer", "peer", "tfjax", "tfjax", "peer"]
+    assert first >= 0 and len(times) == len(peer_times) == 3
