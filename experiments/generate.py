@@ -2,7 +2,9 @@
 
 Flags: `--prompt` (repeatable: all prompts, of any lengths, decode in one batch),
 `--max_length` (the whole sequence, prompt plus continuation including EOS; default: the run's
-`data.max_target_len`), `--temperature` (0 = greedy), `--top_k` (0 = off), `--top_p` (1 = off),
+`data.max_target_len`, the trained length; past it each token is predicted from BOS and the
+last `data.max_target_len - 1` tokens, recomputed without a cache, as nanoGPT samples past its
+block size), `--temperature` (0 = greedy), `--top_k` (0 = off), `--top_p` (1 = off),
 `--seed` (0; the sampling key), `--step` (default: the latest good checkpoint).
 
 Prints one continuation per prompt, in order, on stdout: the words generated after the prompt,
@@ -101,13 +103,15 @@ def generate_texts(
     from tfjax.data import tokenizers
 
     _check_sampling(temperature, top_k, top_p)
-    length = max_length or run.config.data.max_target_len
-    evaluate.check_max_length(run, length)
-    tokens, lengths, warnings = encode_prompts(prompts, run.examples.tokenizer, length)
-    options = dict(temperature=temperature, top_k=top_k, top_p=top_p, max_length=length)
+    trained = run.config.data.max_target_len
+    length = max_length or trained
+    cached_length = min(length, trained)  # past it, a window of the trained length slides
+    evaluate.check_max_length(run, cached_length)
+    tokens, lengths, warnings = encode_prompts(prompts, run.examples.tokenizer, cached_length)
+    options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
 
     def decode(params, tokens, lengths, rng):
-        return decoding.generate(
+        generated = decoding.generate(
             run.model,
             params,
             prompts=tokens,
@@ -115,8 +119,21 @@ def generate_texts(
             rng=rng,
             eos_id=tokenizers.EOS_ID,
             bos_id=run.model_config.bos_id,
+            max_length=cached_length,
             **options,
         )  # [B, L]: prompt + continuation, 0 after EOS
+        if length == cached_length:
+            return generated
+        return decoding.generate_sliding(
+            run.model,
+            params,
+            generated,
+            max_length=length,
+            context=trained - 1,
+            eos_id=tokenizers.EOS_ID,
+            rng=rng,  # generate folds in steps t < cached_length, this one t >= it
+            **options,
+        )
 
     generated = jax.device_get(jax.jit(decode)(params, tokens, lengths, jax.random.key(seed)))
     detokenize = run.examples.tokenizer.decode

@@ -164,6 +164,11 @@ def test_generate_batches_prompts_of_different_lengths(lm_workdir):
     assert [generate.generate_texts(run, params, [p])[0][0] for p in prompts] == outputs
     sampled, _ = generate.generate_texts(run, params, prompts, temperature=1.0, top_k=3, seed=1)
     assert len(sampled) == 2
+    # Past the trained length a window slides on; up to it the text is the cached one.
+    longer, _ = generate.generate_texts(
+        run, params, prompts, max_length=run.config.data.max_target_len + 6
+    )
+    assert all(a.startswith(b) for a, b in zip(longer, outputs, strict=True))
     with pytest.raises(evaluate.CommandError, match="--top_p"):
         generate.generate_texts(run, params, prompts, top_p=0.0)
 

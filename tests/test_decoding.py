@@ -186,6 +186,34 @@ def test_decoder_only_prompts_of_different_lengths_equal_uncached_rows():
     assert (out == eos).any() and (out[:, -1] == 0).any()
 
 
+def test_sliding_window_continues_from_the_last_context_tokens():
+    model, params = _model("decoder_only", positional="learned")
+    context, prompts = 5, jnp.array([[4, 5], [8, 9]], jnp.int32)
+    head = _jit_generate(model, max_length=context, eos_id=NO_EOS)(params, prompts=prompts)
+    slide = jax.jit(
+        functools.partial(
+            decoding.generate_sliding, model, max_length=14, context=context, eos_id=NO_EOS
+        )
+    )
+    out = np.asarray(slide(params, head))
+    np.testing.assert_array_equal(out[:, :context], head)
+    # Reference written out: BOS + the previous `context` tokens at positions 0..context.
+    apply = _jit_apply(model)
+    for b in range(2):
+        for t in range(context, 14):
+            window = np.append(out[b, t - context : t], 0)[None]
+            logits = apply({"params": params}, jnp.asarray(window))[0, context]
+            assert out[b, t] == int(jnp.argmax(logits)), (b, t)
+    # At the boundary the window is the whole cached prefix: both ways give the same token.
+    cached = _jit_generate(model, max_length=context + 1, eos_id=NO_EOS)(params, prompts=prompts)
+    np.testing.assert_array_equal(out[:, : context + 1], cached)
+    # From N = context + 1 on, token 0 is outside every window: changing it changes nothing.
+    np.testing.assert_array_equal(slide(params, cached), out)
+    np.testing.assert_array_equal(slide(params, cached.at[:, 0].set(17))[:, 1:], out[:, 1:])
+    with pytest.raises(ValueError, match="context <= N < max_length"):
+        decoding.generate_sliding(model, params, head, max_length=4, context=5, eos_id=NO_EOS)
+
+
 def test_sampling_top_k_1_is_greedy():
     model, params = _model()
     _, eos = _greedy_reference()

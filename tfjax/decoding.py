@@ -369,6 +369,65 @@ def generate(
     )
 
 
+def generate_sliding(
+    model: nn.Module,
+    params: Any,
+    tokens: Int[Array, "B N"],
+    *,
+    max_length: int,
+    context: int,
+    eos_id: int,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    rng: Array | None = None,
+) -> Int[Array, "B L"]:
+    """Continues a decoder-only LM past its trained length, re-reading a sliding window.
+
+    Each new token is predicted from BOS followed by the last `context` tokens at positions 0 ..
+    `context`, the layout of a training window of `context` + 1 tokens, recomputed without a
+    cache (nanoGPT's way of sampling longer than the block size). Use `generate` up to the
+    trained length first: at N = `context` the two predict the same next token.
+
+    Args:
+      model: a `DecoderOnly`.
+      params: its parameters.
+      tokens: [B, N] rows to continue, N >= `context` (the output of `generate`).
+      max_length: L > N, the length of the returned rows.
+      context: tokens the model reads per step (the training windows' length minus one).
+      eos_id: a row ends at its first EOS; positions after it are 0.
+      temperature, top_k, top_p, rng: as in `generate`; step t uses `fold_in(rng, t)`.
+
+    Returns:
+      int32 [B, L]: `tokens` then the continuation, 0 after a row's first EOS.
+
+    Raises:
+      ValueError: for another model kind, N < `context` or L <= N.
+    """
+    check_model(model, ("decoder_only",), context + 1)
+    _check_sampling(temperature, top_k, top_p, rng)
+    batch, n = tokens.shape
+    if context < 1 or n < context or max_length <= n:
+        raise ValueError(
+            f"need 1 <= context <= N < max_length, got context {context}, N {n}, "
+            f"max_length {max_length}"
+        )
+    sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    buffer = jnp.zeros((batch, max_length), jnp.int32).at[:, :n].set(tokens.astype(jnp.int32))
+
+    def step(t, buffer):
+        window = jax.lax.dynamic_slice_in_dim(buffer, t - context, context, axis=1)  # [B, C]
+        # A trailing 0 target makes the window itself the inputs after BOS; its logits at
+        # position C predict token t.
+        targets = jnp.pad(window, ((0, 0), (0, 1)))
+        logits = model.apply({"params": params}, targets, deterministic=True)[:, context]
+        token = sample(logits, None if rng is None else jax.random.fold_in(rng, t))
+        return jax.lax.dynamic_update_slice_in_dim(buffer, token[:, None], t, axis=1)
+
+    buffer = jax.lax.fori_loop(n, max_length, step, buffer)
+    return jnp.where(after_eos(buffer, eos_id), 0, buffer)
+
+
 # ---------------------------------------------------------------------------------------------
 # Uncached reference.
 
