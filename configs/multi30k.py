@@ -13,9 +13,10 @@ Presets (`--config=configs/multi30k.py:NAME`):
         for a 2-core CPU, cosine schedule, 2,500 steps of ~3,800 target tokens (~20 epochs):
           python -m experiments.train --config=configs/multi30k.py:cpu
           python -m experiments.evaluate --workdir=runs/multi30k_cpu --split=test2016 \
-              --beam_size=5 --average_last=5
-        Measured on a 2-core x86 CPU: see the README's results table (training time, sacreBLEU
-        and chrF on test2016).
+              --beam_size=5
+        Measured on a 2-core x86 CPU: 1 h 33 min for the training command (data, SentencePiece
+        training, compilation and five greedy-BLEU evaluations on val included); test2016
+        sacreBLEU 38.6 and chrF 62.4 with beam 5 (greedy 36.8; `--average_last=5` 38.56).
   tiny  seconds, for the tests (needs only a small multi30k/ folder with a SHA256SUMS file).
 """
 
