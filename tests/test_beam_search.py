@@ -95,6 +95,15 @@ def test_reorder_cache_gathers_rows_and_leaves_scalars():
     assert out["cache_index"] == 3
 
 
+def test_reorder_cache_leaves_cross_attention_keys_in_place():
+    cross = jnp.repeat(jnp.arange(2.0), 3).reshape(6, 1)  # the same rows within each source
+    cache = {"layer": {"cached_key": jnp.arange(6.0).reshape(6, 1), "cached_cross_key": cross}}
+    out = beam_search.reorder_cache(cache, jnp.array([[2, 2, 0], [1, 0, 0]]))
+    np.testing.assert_array_equal(out["layer"]["cached_key"][:, 0], [2, 2, 0, 4, 3, 3])
+    # Skipping the gather is exact because every beam of a source holds the same cross keys.
+    np.testing.assert_array_equal(out["layer"]["cached_cross_key"], cross)
+
+
 def _state(**fields) -> beam_search.BeamState:
     b, w, length = 1, 2, 3
     defaults = dict(

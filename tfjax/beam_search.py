@@ -53,10 +53,22 @@ def _gather(x: Array, indices: Array) -> Array:
 
 
 def reorder_cache(cache: Any, beam_indices: Int[Array, "B W"]) -> Any:
-    """Gathers rows b * W + beam_indices[b, i] of every cache array (scalars stay as they are)."""
+    """Gathers rows b * W + beam_indices[b, i] of the self-attention cache arrays.
+
+    Scalars stay as they are, and so do the cross-attention keys and values ("cached_cross_*"):
+    every beam of a source holds the same ones, so a gather within the row would only copy
+    [B * W, S, K, H] arrays per layer and step for nothing.
+    """
     b, w = beam_indices.shape
     rows = (jnp.arange(b)[:, None] * w + beam_indices).reshape(b * w)  # [B * W]
-    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0) if x.ndim else x, cache)
+
+    def reorder(path, x):
+        name = str(getattr(path[-1], "key", path[-1]))
+        if not x.ndim or name.startswith("cached_cross_"):
+            return x
+        return jnp.take(x, rows, axis=0)
+
+    return jax.tree_util.tree_map_with_path(reorder, cache)
 
 
 def _tile(tree: Any, beam_size: int) -> Any:
