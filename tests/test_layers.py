@@ -85,6 +85,19 @@ def test_embed_scales_by_sqrt_dim_and_ties_logits():
     np.testing.assert_allclose(logits, np.asarray(X) @ table.T, rtol=1e-5, atol=1e-5)
 
 
+def test_tied_logits_gradients_are_the_matmul_gradients():
+    # Written out: logits = x W^T, so dx = g W and dW = g^T x for an upstream gradient g.
+    x = jax.random.normal(jax.random.key(1), (2, 3, 8))
+    table = jax.random.normal(jax.random.key(2), (11, 8))
+    g = jax.random.normal(jax.random.key(3), (2, 3, 11))
+    dx, dtable = jax.vjp(layers.tied_logits, x, table)[1](g)
+    np.testing.assert_allclose(dx, np.einsum("blv,ve->ble", g, table), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dtable, np.einsum("blv,ble->ve", g, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        layers.tied_logits(x, table), np.asarray(x) @ np.asarray(table).T, rtol=1e-5, atol=1e-5
+    )
+
+
 @pytest.mark.parametrize("position", ["post", "pre"])
 def test_residual_post_and_pre_ln(position):
     module = layers.Residual(norm_position=position, dropout_rate=0.0)

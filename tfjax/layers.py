@@ -170,7 +170,32 @@ class Embed(nn.Module):
 
     def attend(self, x: Float[Array, "B L E"]) -> Float[Array, "B L V"]:
         """Tied pre-softmax projection: logits [B, L, V] = x · embedding^T."""
-        return jnp.einsum("BLE,VE->BLV", x, jnp.asarray(self.embedding, self.dtype))
+        return tied_logits(x, jnp.asarray(self.embedding, self.dtype))
+
+
+@jax.custom_vjp
+def tied_logits(x: Float[Array, "B L E"], embedding: Float[Array, "V E"]) -> Float[Array, "B L V"]:
+    """x · embedding^T, whose embedding gradient is computed as (x^T · dlogits)^T.
+
+    Autodiff writes dembedding = dlogits^T · x, and XLA's CPU backend then transposes the whole
+    [B * L, V] logit gradient before the matmul; transposing the [E, V] product instead moves
+    V / (B * L) as much memory. Values and gradients are those of the einsum.
+    """
+    return jnp.einsum("BLE,VE->BLV", x, embedding)
+
+
+def _tied_logits_fwd(x, embedding):
+    return tied_logits(x, embedding), (x, embedding)
+
+
+def _tied_logits_bwd(residuals, dlogits):
+    x, embedding = residuals
+    dx = jnp.einsum("BLV,VE->BLE", dlogits, embedding)
+    dembedding_t = jnp.einsum("BLE,BLV->EV", x, dlogits)  # [E, V]
+    return dx, dembedding_t.T
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
 
 
 class Residual(nn.Module):
