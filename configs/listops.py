@@ -20,13 +20,14 @@ Presets (`--config=configs/listops.py:NAME`):
         test examples; 6 layers, width 512, 8 heads, MLP 2,048 (LRA's released config; the paper
         reports its vanilla Transformer at 36.37% test accuracy, Tay et al. 2021, Table 1).
           python -m experiments.train --config=configs/listops.py:base --workdir=runs/listops
-        Hardware: one GPU (TBD: the lead measures). Time: TBD. Expected: test accuracy near
-        LRA's 36.37% (measured: TBD). Generating the 98,000 examples takes one to two minutes.
+        Hardware: an accelerator; not run on this project's CPU machine. Expected: test
+        accuracy near LRA's 36.37%. Generating the 98,000 examples takes one to two minutes.
   cpu   shorter expressions (50-200 tokens), 20,000 train / 1,000 test examples, a 2-layer
         width-128 model, cosine schedule; aimed at a few minutes on a 2-core CPU:
           python -m experiments.train --config=configs/listops.py:cpu
-        Hardware: 2-core x86 CPU. Time: TBD. Expected test accuracy: TBD (the majority class is
-        about 17%).
+        Measured on a 2-core x86 CPU: 13 min 49 s for the whole command; test accuracy 39.0%
+        (1,000 examples; the majority class, 9, is 17.2% of them). Shorter expressions than
+        LRA's, so not directly comparable with its 36.37%.
   tiny  seconds, for the tests.
 
 Sweeps (`python -m experiments.sweep --config=configs/listops.py:cpu --sweep=NAME`):
