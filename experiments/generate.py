@@ -38,6 +38,13 @@ def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
         )
 
 
+def _unknown_words(prompt: str, tokenizer: Any) -> set[str]:
+    """The whitespace-separated words of `prompt` that encode to <unk> in part (any tokenizer)."""
+    from tfjax.data import tokenizers
+
+    return {word for word in prompt.split() if tokenizers.UNK_ID in tokenizer.encode(word)}
+
+
 def encode_prompts(prompts: Sequence[str], tokenizer: Any, max_length: int):
     """Prompt ids as a right-padded batch.
 
@@ -60,7 +67,7 @@ def encode_prompts(prompts: Sequence[str], tokenizer: Any, max_length: int):
         raise evaluate.CommandError('no prompt given: pass --prompt="..." (repeatable)')
     encoded = [tokenizer.encode(prompt) for prompt in prompts]
     warnings = [
-        f"prompt {i}: {', '.join(sorted(set(p.split()) - set(tokenizer.words)))} not in the "
+        f"prompt {i}: {', '.join(sorted(_unknown_words(p, tokenizer)))} not in the "
         "model's vocabulary, read as <unk>"
         for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True), start=1)
         if tokenizers.UNK_ID in ids
@@ -107,6 +114,14 @@ def generate_texts(
     length = max_length or trained
     cached_length = min(length, trained)  # past it, a window of the trained length slides
     evaluate.check_max_length(run, cached_length)
+    if length > trained:
+        for i, prompt in enumerate(prompts, start=1):
+            if len(run.examples.tokenizer.encode(prompt)) >= trained:
+                raise evaluate.CommandError(
+                    f"prompt {i} is not shorter than the trained length data.max_target_len="
+                    f"{trained}: text past it is continued with a sliding window, but the "
+                    "prompt must fit in the first, cached window; shorten the prompt"
+                )
     tokens, lengths, warnings = encode_prompts(prompts, run.examples.tokenizer, cached_length)
     options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
 

@@ -149,6 +149,10 @@ def test_encode_prompts_pads_right():
     assert tokens.shape == (3, 4) and lengths.tolist() == [2, 4, 2]
     assert tokens[0, 2:].tolist() == [0, 0]
     assert warnings == ["prompt 3: q not in the model's vocabulary, read as <unk>"]
+    chars = tokenizers.CharTokenizer.build(["ab ba"])
+    assert generate.encode_prompts(["ab a", "b ax"], chars, 8)[2] == [
+        "prompt 2: ax not in the model's vocabulary, read as <unk>"
+    ]
     with pytest.raises(evaluate.CommandError, match="prompt 2 has 4 words"):
         generate.encode_prompts(["a", "a b a b"], tokenizer, 4)
     with pytest.raises(evaluate.CommandError, match="no prompt"):
@@ -169,6 +173,9 @@ def test_generate_batches_prompts_of_different_lengths(lm_workdir):
         run, params, prompts, max_length=run.config.data.max_target_len + 6
     )
     assert all(a.startswith(b) for a, b in zip(longer, outputs, strict=True))
+    too_long = " ".join(["s1"] * run.config.data.max_target_len)
+    with pytest.raises(evaluate.CommandError, match="trained length"):
+        generate.generate_texts(run, params, [too_long], max_length=1000)
     with pytest.raises(evaluate.CommandError, match="--top_p"):
         generate.generate_texts(run, params, prompts, top_p=0.0)
 
