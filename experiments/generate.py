@@ -45,13 +45,17 @@ def _unknown_words(prompt: str, tokenizer: Any) -> set[str]:
     return {word for word in prompt.split() if tokenizers.UNK_ID in tokenizer.encode(word)}
 
 
-def encode_prompts(prompts: Sequence[str], tokenizer: Any, max_length: int):
+def encode_prompts(
+    prompts: Sequence[str], tokenizer: Any, max_length: int, *, limit: str | None = None
+):
     """Prompt ids as a right-padded batch.
 
     Args:
         prompts: whitespace-separated words each.
-        tokenizer: the run's `WordTokenizer`.
+        tokenizer: the run's tokenizer.
         max_length: L, the whole sequence to generate; every prompt must be shorter.
+        limit: what L is called in the error for a prompt that is too long (None: the
+            `--max_length` flag, whose error advises raising it).
 
     Returns:
         (ids [B, P] int32 padded with 0, lengths [B] int32, warnings).
@@ -73,6 +77,11 @@ def encode_prompts(prompts: Sequence[str], tokenizer: Any, max_length: int):
         if tokenizers.UNK_ID in ids
     ]
     for i, ids in enumerate(encoded, start=1):
+        if len(ids) >= max_length and limit is not None:
+            raise evaluate.CommandError(
+                f"prompt {i} has {len(ids)} words, not fewer than {limit}={max_length}: "
+                "shorten the prompt"
+            )
         if len(ids) >= max_length:
             raise evaluate.CommandError(
                 f"prompt {i} has {len(ids)} words, leaving no room in --max_length={max_length} "
@@ -114,15 +123,11 @@ def generate_texts(
     length = max_length or trained
     cached_length = min(length, trained)  # past it, a window of the trained length slides
     evaluate.check_max_length(run, cached_length)
-    if length > trained:
-        for i, prompt in enumerate(prompts, start=1):
-            if len(run.examples.tokenizer.encode(prompt)) >= trained:
-                raise evaluate.CommandError(
-                    f"prompt {i} is not shorter than the trained length data.max_target_len="
-                    f"{trained}: text past it is continued with a sliding window, but the "
-                    "prompt must fit in the first, cached window; shorten the prompt"
-                )
-    tokens, lengths, warnings = encode_prompts(prompts, run.examples.tokenizer, cached_length)
+    # Past the trained length the prompt must still fit the first, cached window.
+    limit = "the trained length data.max_target_len" if length > trained else None
+    tokens, lengths, warnings = encode_prompts(
+        prompts, run.examples.tokenizer, cached_length, limit=limit
+    )
     options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
 
     def decode(params, tokens, lengths, rng):

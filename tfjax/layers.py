@@ -179,7 +179,7 @@ def tied_logits(x: Float[Array, "B L E"], embedding: Float[Array, "V E"]) -> Flo
 
     Autodiff writes dembedding = dlogits^T · x, and XLA's CPU backend then transposes the whole
     [B * L, V] logit gradient before the matmul; transposing the [E, V] product instead moves
-    V / (B * L) as much memory. Values and gradients are those of the einsum.
+    E / (B * L) as much memory. Values and gradients are those of the einsum.
     """
     return jnp.einsum("BLE,VE->BLV", x, embedding)
 

@@ -88,7 +88,7 @@ def cross_entropy(
 # few hundred FLOPs per token elsewhere), so its gradient is written by hand: one fused pass
 # computes d/dlogits = w * (g_loss * (p - q) + g_nll * (p - onehot)) from the saved
 # log-sum-exp, where autodiff of log_softmax + take_along_axis made a scatter into a [B, L, V]
-# zero array and two more [B, L, V] passes (see experiments/bench.py for the figures).
+# zero array and two more [B, L, V] passes (figures: the README's Speed section).
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _weighted_token_losses(logits, targets, weights, confidence: float, low: float):
     """(Σ w · smoothed CE, Σ w · nll) in float32; q = low + (confidence - low) · onehot."""
