@@ -68,11 +68,19 @@ def _define_flags():
     flags.DEFINE_string(
         "peer", "", f"Framework timed beside tfjax in `train`: '' or one of {PEERS}."
     )
+    flags.DEFINE_bool(
+        "tune_malloc",
+        False,
+        "Keep XLA's per-step buffers resident (tfjax.runtime.tune_glibc_malloc) before anything "
+        "runs; applies to the whole process, so to the peer too.",
+    )
 
 
 def _environment() -> dict:
     import flax
     import jax
+
+    from tfjax import runtime
 
     device = jax.devices()[0]
     return {
@@ -81,6 +89,7 @@ def _environment() -> dict:
         "device": device.device_kind,
         "platform": device.platform,
         "device_count": jax.device_count(),
+        "host_malloc": runtime.malloc_description(),
     }
 
 
@@ -342,6 +351,10 @@ def check_peer(peer: str, benches: list[str]) -> None:
 
 def main(argv):
     del argv
+    if FLAGS.tune_malloc:
+        from tfjax import runtime
+
+        runtime.tune_glibc_malloc()  # before the first JAX computation (see tfjax.runtime)
     unknown = set(FLAGS.bench) - set(BENCHES)
     if unknown:
         raise app.UsageError(f"unknown --bench {sorted(unknown)}; choose from {BENCHES}")

@@ -17,6 +17,12 @@ from experiments import config_utils
 FLAGS = flags.FLAGS
 flags.DEFINE_string("config", "configs/base.py", "Config file, optionally with :preset.")
 flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config>_<preset>).")
+flags.DEFINE_bool(
+    "tune_malloc",
+    False,
+    "On a CPU host, keep XLA's per-step buffers resident instead of page-faulting them in every "
+    "step (tfjax.runtime.tune_glibc_malloc; about 20% faster train steps measured here).",
+)
 
 
 def default_workdir(spec: str) -> pathlib.Path:
@@ -31,6 +37,11 @@ def main(argv, overrides):
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes at INFO
     logging.getLogger("tfjax").setLevel(logging.INFO)
     config = config_utils.load_config(FLAGS.config, overrides)
+    if FLAGS.tune_malloc:
+        from tfjax import runtime
+
+        if not runtime.tune_glibc_malloc():
+            logging.getLogger("tfjax").warning("--tune_malloc: not glibc, nothing to tune")
     if config.parallel.distributed:
         from tfjax import parallel
 

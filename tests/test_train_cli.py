@@ -28,13 +28,14 @@ def _env(devices: int) -> dict:
     return env
 
 
-def _train(workdir, *overrides, devices=1, spec="configs/base.py:tiny", **kwargs):
+def _train(workdir, *overrides, devices=1, spec="configs/base.py:tiny", flags=(), **kwargs):
     command = [
         sys.executable,
         "-m",
         "experiments.train",
         f"--config={spec}",
         f"--workdir={workdir}",
+        *flags,
         *[f"--config.{o}" for o in overrides],
     ]
     return subprocess.Popen(
@@ -109,6 +110,17 @@ def test_sigterm_saves_and_a_checkpoint_from_8_devices_resumes_on_1(tmp_path):
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["kind"] == (
         "final_eval"
     )
+
+
+def test_tuned_malloc_trains_bit_exactly_like_the_default(tmp_path):
+    steps = ["train.num_train_steps=6", "train.eval_every_steps=0"]
+    default = _train(tmp_path / "default", *steps)
+    tuned = _train(tmp_path / "tuned", *steps, flags=["--tune_malloc"])
+    for proc in (default, tuned):
+        output = proc.communicate()[0]
+        assert proc.returncode == 0, output
+    for a, b in zip(_params(tmp_path / "default"), _params(tmp_path / "tuned"), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_unknown_override_fails_with_close_matches(tmp_path):

@@ -24,6 +24,7 @@ _SUBMODULES = (
     "optim",
     "parallel",
     "positional",
+    "runtime",
     "trainer",
     "training",
 )
