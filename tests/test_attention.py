@@ -251,3 +251,19 @@ def test_local_attention_equals_dense_window_mask(length, radius, causal, num_kv
     np.testing.assert_allclose(out, expected, atol=1e-5)
     with pytest.raises(ValueError, match="radius"):
         attention.local_attention(q, k, v, radius=0)
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
+def test_cached_attention_over_a_head_major_cache_equals_jax_attention(num_kv_heads):
+    b, length, s, n, h = 2, 3, 7, 4, 8
+    keys = jax.random.split(jax.random.key(3), 4)
+    q = jax.random.normal(keys[0], (b, length, n, h))
+    k = jax.random.normal(keys[1], (b, s, num_kv_heads, h))  # [B, S, K, H]
+    v = jax.random.normal(keys[2], (b, s, num_kv_heads, h))
+    bias = jax.random.normal(keys[3], (1, n, length, s))
+    mask = jnp.arange(s)[None, None, None, :] <= jnp.arange(length)[None, None, :, None] + 3
+    expected = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=h**-0.5)
+    got = attention.cached_attention(
+        q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), mask=mask, bias=bias, scale=h**-0.5
+    )
+    np.testing.assert_allclose(got, expected, atol=1e-5)

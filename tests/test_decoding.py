@@ -94,6 +94,7 @@ CACHE_VARIANTS = {
     "relative": dict(positional="relative"),
     "alibi": dict(positional="alibi"),
     "gqa": dict(num_kv_heads=1),
+    "general_score": dict(score="general"),  # the cache transposed back for the einsum path
 }
 
 
@@ -116,9 +117,9 @@ def test_init_cache_shapes_and_zeros():
     model, params = _model(num_kv_heads=2)
     cache = decoding.init_cache(model, params, batch_size=3, max_length=9, source_length=5)
     layer = cache["decoder"]["layer_1"]
-    assert layer["self_attention"]["cached_key"].shape == (3, 9, 2, 4)
+    assert layer["self_attention"]["cached_key"].shape == (3, 2, 9, 4)  # [B, K, max_len, H]
     assert layer["self_attention"]["cache_index"].shape == ()
-    assert layer["cross_attention"]["cached_cross_value"].shape == (3, 5, 2, 4)
+    assert layer["cross_attention"]["cached_cross_value"].shape == (3, 2, 5, 4)  # [B, K, S, H]
     assert all(not np.asarray(x).any() for x in jax.tree.leaves(cache))
     with pytest.raises(ValueError, match="source_length"):
         decoding.init_cache(model, params, batch_size=3, max_length=9)

@@ -77,8 +77,8 @@ def init_cache(
       source_length: S of the encoder output (encoder-decoder models only).
 
     Returns:
-      pytree of zeros: per decoder layer "cached_key"/"cached_value" [B, max_length, K, H] and
-      "cache_index" [] int32 (plus "cached_cross_key"/"cached_cross_value" [B, S, K, H]).
+      pytree of zeros: per decoder layer "cached_key"/"cached_value" [B, K, max_length, H] and
+      "cache_index" [] int32 (plus "cached_cross_key"/"cached_cross_value" [B, K, S, H]).
 
     Raises:
       ValueError: for another model kind, a missing source_length or max_length < 1.

@@ -313,7 +313,7 @@ class Decoder(_Stack):
     def _cache_length(self, length: int) -> int:
         """S, the slots of the self-attention cache; `length` while the cache is being created."""
         layer = self.variables.get("cache", {}).get("layer_0", {}).get("self_attention", {})
-        return layer["cached_key"].shape[1] if "cached_key" in layer else length
+        return layer["cached_key"].shape[2] if "cached_key" in layer else length  # [B, K, S, H]
 
 
 def _cross_mask(
