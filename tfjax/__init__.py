@@ -17,6 +17,7 @@ _SUBMODULES = (
     "decoding",
     "evaluation",
     "layers",
+    "linear",
     "logger",
     "losses",
     "masking",

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from tfjax import positional
+from tfjax import linear, positional
 
 SCORES = ("scaled_dot", "dot", "general", "additive")
 IMPLEMENTATIONS = ("auto", "reference", "xla")
@@ -288,6 +288,7 @@ class MultiHeadAttention(nn.Module):
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             kernel_init=self.kernel_init,
+            dot_general=linear.dense_dot_general,
             name=name,
         )
 

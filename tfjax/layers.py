@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from tfjax import linear
+
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "swiglu")
@@ -120,6 +122,7 @@ class FeedForward(nn.Module):
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             kernel_init=self.kernel_init,
+            dot_general=linear.dense_dot_general,
             name=name,
         )
 

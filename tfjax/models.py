@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from tfjax import attention, layers, positional, transformer
+from tfjax import attention, layers, linear, positional, transformer
 
 KINDS = ("encoder_decoder", "encoder_only", "decoder_only")
 POSITIONALS = ("sinusoidal", "learned", "relative", "rotary", "alibi", "none")
@@ -220,7 +220,10 @@ class _OutputMixin:
         cfg = self.config
         if not cfg.tie_output:
             self.logits_dense = nn.Dense(
-                cfg.vocab_size, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype
+                cfg.vocab_size,
+                dtype=cfg.compute_dtype,
+                param_dtype=cfg.params_dtype,
+                dot_general=linear.dense_dot_general,
             )
         elif cfg.positional_combine == "concat":
             # Token embeddings are narrower than D when positions are concatenated.
@@ -229,6 +232,7 @@ class _OutputMixin:
                 use_bias=False,
                 dtype=cfg.compute_dtype,
                 param_dtype=cfg.params_dtype,
+                dot_general=linear.dense_dot_general,
             )
 
     def _logits(self, x: Array) -> Array:
@@ -378,7 +382,12 @@ class EncoderOnly(nn.Module):
         cfg = self.config
         self.embed = _make_embed(cfg)
         self.encoder = transformer.Encoder(cfg, self.embed)
-        dense = lambda n: nn.Dense(n, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype)  # noqa: E731
+        dense = lambda n: nn.Dense(  # noqa: E731
+            n,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.params_dtype,
+            dot_general=linear.dense_dot_general,
+        )
         if cfg.encoder_head == "classify":
             self.pooler = dense(cfg.embed_dim)
             self.classifier = dense(cfg.num_classes)

@@ -1,0 +1,72 @@
+"""tfjax.linear: the dense matmul with a hand-written backward equals autodiff of a plain one."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tfjax import linear
+
+
+def test_matmul_gradients_on_literal_matrices():
+    x = jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])  # [M=3, I=2]
+    w = jnp.array([[1.0, 0.0, -1.0], [2.0, 1.0, 0.5]])  # [I=2, O=3]
+    dy = jnp.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
+    y, vjp = jax.vjp(linear.matmul, x, w)
+    dx, dw = vjp(dy)
+    # y = x w; dx = dy w^T; dw = x^T dy, written out element by element.
+    np.testing.assert_allclose(y, [[5.0, 2.0, 0.0], [11.0, 4.0, -1.0], [17.0, 6.0, -2.0]])
+    np.testing.assert_allclose(dx, [[1.0, 2.0], [0.0, 1.0], [-2.0, 1.0]])
+    np.testing.assert_allclose(dw, [[1.0, 3.0, 10.0], [2.0, 4.0, 12.0]])
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_matmul_vjp_equals_autodiff_of_a_plain_matmul(dtype):
+    kx, kw, kd = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(kx, (6, 5), dtype)
+    w = jax.random.normal(kw, (5, 4), dtype)
+    dy = jax.random.normal(kd, (6, 4), dtype)
+    got = jax.vjp(linear.matmul, x, w)[1](dy)
+    want = jax.vjp(jnp.matmul, x, w)[1](dy)
+    tol = 1e-6 if dtype == jnp.float32 else 2e-2
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize(
+    "features, axis", [(7, -1), ((3, 2), -1), (7, (-2, -1)), ((2, 3), (-2, -1))]
+)
+def test_dense_general_with_it_matches_flax_default(features, axis):
+    x = jax.random.normal(jax.random.key(1), (2, 5, 4, 3))
+    plain = nn.DenseGeneral(features, axis=axis)
+    ours = nn.DenseGeneral(features, axis=axis, dot_general=linear.dense_dot_general)
+    params = plain.init(jax.random.key(2), x)
+
+    def loss(module, params, x):
+        return jnp.sum(jnp.sin(module.apply(params, x)))
+
+    got = jax.value_and_grad(loss, argnums=(1, 2))(ours, params, x)
+    want = jax.value_and_grad(loss, argnums=(1, 2))(plain, params, x)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_other_contractions_fall_back_to_lax_dot_general():
+    lhs = jax.random.normal(jax.random.key(3), (2, 3, 4))
+    rhs = jax.random.normal(jax.random.key(4), (2, 4, 5))
+    dims = (((2,), (1,)), ((0,), (0,)))  # batched: not a dense layer
+    np.testing.assert_allclose(
+        linear.dense_dot_general(lhs, rhs, dims), jax.lax.dot_general(lhs, rhs, dims), rtol=1e-6
+    )
+    first_axis = (((0,), (0,)), ((), ()))  # contracts lhs's first axis, not its last
+    a, b = (
+        jax.random.normal(jax.random.key(5), (4, 3)),
+        jax.random.normal(jax.random.key(6), (4, 2)),
+    )
+    np.testing.assert_allclose(
+        linear.dense_dot_general(a, b, first_axis),
+        jax.lax.dot_general(a, b, first_axis),
+        rtol=1e-6,
+    )

@@ -1,0 +1,71 @@
+"""The matmul behind every dense layer, with a backward pass laid out for XLA's CPU backend.
+
+`dense_dot_general` is a drop-in `dot_general` for `flax.linen.Dense` / `DenseGeneral`
+(`dot_general=` attribute). For the dense case (contract the last axes of x with the first axes
+of the kernel, no batch axes) it computes x [M, I] · W [I, O] with a hand-written backward:
+
+    dx = dy · (W^T)      dW = (x^T) · dy
+
+where W^T and x^T are materialised first (`lax.optimization_barrier`). Autodiff gives the same
+products, but XLA's CPU backend then transposes dy itself for dW, inside a fusion that
+recomputes dy's producers (layer-norm backward, dropout), and runs dx as a slower
+transposed-operand matmul. Transposing x, an activation already in memory, is one cheap copy.
+Measured on the benchmark train step (`experiments/bench.py` shape): median step-time ratio
+1.11 (12 in-process pairs, 1.03-1.22) on a 2-core AVX2 host; 3,412 -> 3,571 tokens/s (median of
+3 alternating runs each) on a 2-core AMD EPYC host. Any other contraction goes to
+`lax.dot_general`.
+"""
+
+import math
+
+import jax
+from jaxtyping import Array, Float
+
+
+@jax.custom_vjp
+def matmul(x: Float[Array, "M I"], w: Float[Array, "I O"]) -> Float[Array, "M O"]:
+    """x · w with the backward pass of the module docstring."""
+    return x @ w
+
+
+def _matmul_fwd(x, w):
+    return x @ w, (x, w)
+
+
+def _matmul_bwd(residuals, dy):
+    x, w = residuals
+    w_t = jax.lax.optimization_barrier(w.T)  # [O, I], materialised
+    x_t = jax.lax.optimization_barrier(x.T)  # [I, M], materialised
+    return dy @ w_t, x_t @ dy
+
+
+matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def _is_dense(lhs: Array, rhs: Array, dimension_numbers) -> bool:
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+    n = len(lhs_contract)
+    return (
+        not lhs_batch
+        and not rhs_batch
+        and tuple(lhs_contract) == tuple(range(lhs.ndim - n, lhs.ndim))
+        and tuple(rhs_contract) == tuple(range(n))
+        and lhs.dtype == rhs.dtype
+        and lhs.size > 0
+        and rhs.size > 0
+    )
+
+
+def dense_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+    """`lax.dot_general` with `matmul`'s backward for dense layers (module docstring)."""
+    if precision is not None or preferred_element_type is not None:
+        return jax.lax.dot_general(
+            lhs, rhs, dimension_numbers, precision, preferred_element_type=preferred_element_type
+        )
+    if not _is_dense(lhs, rhs, dimension_numbers):
+        return jax.lax.dot_general(lhs, rhs, dimension_numbers)
+    n = len(dimension_numbers[0][0])
+    batch_shape, out_shape = lhs.shape[: lhs.ndim - n], rhs.shape[n:]
+    inner = math.prod(lhs.shape[lhs.ndim - n :])
+    out = matmul(lhs.reshape(-1, inner), rhs.reshape(inner, -1))  # [M, O]
+    return out.reshape(*batch_shape, *out_shape)
