@@ -164,6 +164,58 @@ def _exact_match(predictions, targets, segment_ids):
     return tuple(float(x) for x in losses.sequence_exact_match(*args))
 
 
+def _numpy_first_argmax(x):
+    """Index of the first maximum per row; NaN counts as the maximum (numpy and jnp agree)."""
+    return np.argmax(np.asarray(x, np.float32), axis=-1)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 8000), (5, 1), (4, 7), (1, 2, 3, 33)])
+def test_argmax_matches_numpy_on_random_logits(shape):
+    x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+    got = jax.jit(losses.argmax)(x)
+    assert got.dtype == jnp.int32 and got.shape == shape[:-1]
+    np.testing.assert_array_equal(got, _numpy_first_argmax(x))
+
+
+def test_argmax_takes_the_first_of_tied_maxima():
+    x = np.random.default_rng(1).normal(size=(6, 50)).astype(np.float32)
+    x[0, [3, 9]] = 9.0  # two tied maxima: 3
+    x[1, [0, 49]] = 9.0  # 0 and the last index
+    x[2, :] = 0.0  # every entry tied (e.g. a zero-initialised output layer): 0
+    x[3, [2, 5, 7]] = 9.0  # three tied, their index sum + 2 = 16 is a plain entry
+    x[4, [1, 2]] = 9.0  # candidate index (1 + 1) + (2 + 1) - 1 = 4 is below the max
+    got = jax.jit(losses.argmax)(x)
+    np.testing.assert_array_equal(got, [3, 0, 0, 2, 1, np.argmax(x[5])])
+
+
+def test_argmax_with_non_finite_and_extreme_values():
+    x = np.zeros((7, 6), np.float32)
+    x[0] = [-np.inf, -np.inf, -1.0, -np.inf, -2.0, -np.inf]  # -inf entries: 2
+    x[1] = -np.inf  # all -inf: 0
+    x[2, 4] = np.inf  # a single +inf: 4
+    x[3, [1, 3]] = np.inf  # tied +inf: 1
+    x[4, 2] = np.nan  # NaN counts as the max, as in jnp.argmax: 2
+    x[5] = [3.0e38, -3.0e38, 3.0e38 * 0.999, 1.0, 0.0, -1.0]  # |differences| overflow: 0
+    # A subnormal above zero: XLA on CPU flushes it to zero, so jnp.argmax says 0 there and
+    # numpy says 1; the contract is jnp.argmax's answer on the same backend.
+    x[6] = [0.0, 1e-45, 0.0, 0.0, 0.0, 0.0]
+    got = jax.jit(losses.argmax)(x)
+    np.testing.assert_array_equal(got[:6], [2, 0, 4, 1, 2, 0])
+    np.testing.assert_array_equal(got, jax.jit(lambda z: jnp.argmax(z, axis=-1))(x))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_argmax_low_precision_logits(dtype):
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(4, 16, 300)), dtype)
+    np.testing.assert_array_equal(losses.argmax(x), jnp.argmax(x, axis=-1))
+
+
+def test_argmax_has_no_gradient_path():
+    x = np.random.default_rng(3).normal(size=(3, 10)).astype(np.float32)
+    grad = jax.grad(lambda z: jnp.sum(z * (losses.argmax(z) == 4)[:, None]))(x)
+    np.testing.assert_array_equal(grad, (np.argmax(x, -1) == 4)[:, None] * np.ones_like(x))
+
+
 def test_exact_match_single_sequences():
     targets = [[1, 2, 3, 0], [4, 5, 6, 7], [1, 1, 1, 1]]
     predictions = [[1, 2, 3, 9], [4, 5, 0, 7], [1, 1, 1, 1]]  # row 0 wrong only on padding

@@ -121,6 +121,52 @@ def _token_losses_bwd(confidence, low, residuals, cotangents):
 _weighted_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
 
 
+# 2^126: the largest power of two whose product with a normal float32 difference (>= 2^-126)
+# reaches 1, so `1 - d * _SPREAD` is 1 for d == 0 and <= 0 for every other normal difference.
+_SPREAD = 2.0**126
+
+
+def argmax(logits: Float[Array, "... V"]) -> Int[Array, "..."]:
+    """`jnp.argmax(logits, axis=-1)` as int32, the same result, without a variadic reduce.
+
+    XLA's CPU backend runs argmax as a scalar (value, index) reduce: 35 ms for the benchmark's
+    [2048, 8000] logits, 6% of a train step, against 1 ms for a max. Here each row's max m comes
+    first; `hit_v = max(1 - (m - z_v) * 2^126, 0)` is then exactly 1 where z_v == m and 0 where
+    z_v is below m by a normal float32 difference, so `c = Σ_v hit_v · (v + 1) - 1` is the
+    index of the max when it is unique. Both passes are plain float reductions, which XLA hands
+    to its fast (YNNPACK) kernels: 6.6 ms instead of 35.5 ms on that shape.
+
+    The candidate is then checked: it must be an integer in [0, V) with z_c == m. A tie makes c
+    larger than every tied index (so z_c < m or c >= V), and a NaN or infinite logit makes c NaN;
+    if any row fails the check, the whole batch goes through `jnp.argmax` instead (`lax.cond`,
+    so the check is all that runs when nothing is tied). The result is therefore always
+    `jnp.argmax`'s, first index among ties included.
+
+    Args:
+        logits: [..., V] any float dtype (compared in float32).
+
+    Returns:
+        [...] int32 indices in [0, V).
+    """
+    *batch_shape, V = logits.shape
+    if V >= 2**24 or 0 in logits.shape:  # float32 indices exact below 2^24
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    # 2-D [N, V]: XLA keeps the row-broadcast of m inside the fast kernel for a rank-2 reduce.
+    z = jax.lax.stop_gradient(logits).astype(jnp.float32).reshape(-1, V)  # [N, V]
+    m = jnp.max(z, axis=-1, keepdims=True)  # [N, 1]
+    hit = jnp.maximum(1.0 - (m - z) * jnp.float32(_SPREAD), 0.0)  # [N, V]: 1 at the max
+    candidate_f = jnp.sum(hit * jnp.arange(1, V + 1, dtype=jnp.float32), axis=-1) - 1.0  # [N]
+    candidate = jnp.clip(candidate_f, 0, V - 1).astype(jnp.int32)
+    at_candidate = jnp.take_along_axis(z, candidate[:, None], axis=-1)[:, 0]
+    unique = (candidate_f == candidate.astype(jnp.float32)) & (at_candidate == m[:, 0])
+    out = jax.lax.cond(
+        jnp.all(unique),
+        lambda: candidate,
+        lambda: jnp.argmax(z, axis=-1).astype(jnp.int32),
+    )
+    return out.reshape(batch_shape)
+
+
 def sequence_exact_match(
     predictions: Int[Array, "B L"],
     targets: Int[Array, "B L"],
@@ -183,7 +229,7 @@ def compute_metrics(
     if loss_weights is not None:
         weights = weights * (loss_weights > 0)
     loss_sum, nll_sum = cross_entropy(logits, targets, weights, label_smoothing=label_smoothing)
-    predictions = jnp.argmax(logits, axis=-1).astype(targets.dtype)  # [B, L]
+    predictions = argmax(logits).astype(targets.dtype)  # [B, L]
     seq_correct_sum, seq_count = sequence_exact_match(predictions, targets, segment_ids)
     return {
         "loss_sum": loss_sum,
