@@ -1,5 +1,6 @@
 """Tests for tfjax/losses.py against numpy references written out here."""
 
+import functools
 import math
 
 import jax
@@ -45,6 +46,22 @@ def test_cross_entropy_matches_numpy_reference(batch, eps):
     )
     ref_loss, ref_nll = _reference_cross_entropy(logits, targets, weights, eps)
     assert loss_sum.dtype == jnp.float32 and nll_sum.dtype == jnp.float32
+    np.testing.assert_allclose(loss_sum, ref_loss, rtol=1e-5)
+    np.testing.assert_allclose(nll_sum, ref_nll, rtol=1e-5)
+
+
+@pytest.mark.parametrize("offset", [-300.0, 300.0])
+def test_smoothed_loss_with_large_logits_and_a_wide_vocabulary(offset):
+    # The smoothing term is computed as V * lse - sum(z); far from zero both are large, and
+    # the loss must still agree with the float64 reference (shift invariance of the softmax).
+    rng = np.random.default_rng(4)
+    logits = (rng.normal(size=(3, 7, 5000)) * 4.0 + offset).astype(np.float32)
+    targets = rng.integers(0, 5000, size=(3, 7))
+    weights = np.ones((3, 7), np.float32)
+    loss_sum, nll_sum = jax.jit(functools.partial(losses.cross_entropy, label_smoothing=0.1))(
+        logits, targets, weights
+    )
+    ref_loss, ref_nll = _reference_cross_entropy(logits, targets, weights, 0.1)
     np.testing.assert_allclose(loss_sum, ref_loss, rtol=1e-5)
     np.testing.assert_allclose(nll_sum, ref_nll, rtol=1e-5)
 

@@ -99,10 +99,12 @@ def _token_losses_fwd(logits, targets, weights, confidence, low):
     z = logits.astype(jnp.float32)  # [B, L, V]
     lse = jax.nn.logsumexp(z, axis=-1)  # [B, L]
     nll = lse - jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]  # -log p_target
-    # -Σ_v q_v log p_v = (confidence - low) · nll + low · Σ_v (lse - z_v); every term >= 0.
+    # -Σ_v q_v log p_v = (confidence - low) · nll + low · Σ_v (lse - z_v). The last sum is
+    # written V · lse - Σ_v z_v: as Σ_v (lse - z_v), XLA:CPU wrote the [B, L, V] broadcast of
+    # lse to memory before reducing (22 ms of a 0.58 s benchmark train step).
     smoothed = (confidence - low) * nll
     if low > 0.0:
-        smoothed = smoothed + low * jnp.sum(lse[..., None] - z, axis=-1)
+        smoothed = smoothed + low * (z.shape[-1] * lse - jnp.sum(z, axis=-1))
     sums = (jnp.sum(smoothed * weights), jnp.sum(nll * weights))
     return sums, (logits, lse, targets, weights)
 
