@@ -21,12 +21,14 @@ def test_matmul_gradients_on_literal_matrices():
     np.testing.assert_allclose(dw, [[1.0, 3.0, 10.0], [2.0, 4.0, 12.0]])
 
 
+# I > O and I <= O take different backward paths (which operand is transposed).
+@pytest.mark.parametrize("m, i, o", [(6, 5, 4), (6, 4, 5), (3, 8, 8), (1, 16, 2)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_matmul_vjp_equals_autodiff_of_a_plain_matmul(dtype):
+def test_matmul_vjp_equals_autodiff_of_a_plain_matmul(dtype, m, i, o):
     kx, kw, kd = jax.random.split(jax.random.key(0), 3)
-    x = jax.random.normal(kx, (6, 5), dtype)
-    w = jax.random.normal(kw, (5, 4), dtype)
-    dy = jax.random.normal(kd, (6, 4), dtype)
+    x = jax.random.normal(kx, (m, i), dtype)
+    w = jax.random.normal(kw, (i, o), dtype)
+    dy = jax.random.normal(kd, (m, o), dtype)
     got = jax.vjp(linear.matmul, x, w)[1](dy)
     want = jax.vjp(jnp.matmul, x, w)[1](dy)
     tol = 1e-6 if dtype == jnp.float32 else 2e-2

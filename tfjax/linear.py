@@ -4,16 +4,23 @@
 (`dot_general=` attribute). For the dense case (contract the last axes of x with the first axes
 of the kernel, no batch axes) it computes x [M, I] · W [I, O] with a hand-written backward:
 
-    dx = dy · (W^T)      dW = (x^T) · dy
+    dx = dy · (W^T)
+    dW = (x^T) · dy          when I <= O
+    dW = ((dy^T) · x)^T      when I > O
 
-where W^T and x^T are materialised first (`lax.optimization_barrier`). Autodiff gives the same
-products, but XLA's CPU backend then transposes dy itself for dW, inside a fusion that
-recomputes dy's producers (layer-norm backward, dropout), and runs dx as a slower
-transposed-operand matmul. Transposing x, an activation already in memory, is one cheap copy.
-Measured on the benchmark train step (`experiments/bench.py` shape): median step-time ratio
-1.11 (12 in-process pairs, 1.03-1.22) on a 2-core AVX2 host; 3,412 -> 3,571 tokens/s (median of
-3 alternating runs each) on a 2-core AMD EPYC host. Any other contraction goes to
-`lax.dot_general`.
+where every transposed operand and the [O, I] product are materialised first
+(`lax.optimization_barrier`), so that each product is a plain row-major matmul for XLA's fast
+CPU kernels and each transpose is a copy of the smaller of the two [M, *] operands. Autodiff
+gives the same products, but XLA's CPU backend then transposes dy itself inside fusions that
+recompute dy's producers (layer-norm backward, dropout), and runs dx as a slower
+transposed-operand matmul. For the feed-forward output layer (I = 4 O) transposing x costs 12
+ms a layer on the benchmark host (x^T is [1024, 2048]); dy^T is a quarter of that. If XLA is
+left to fold the final transpose into the matmul it picks a slow transposed-operand kernel.
+
+Measured on the benchmark train step (`experiments/bench.py` shape), in-process paired A/B:
+autodiff -> x^T always: step-time ratio 1.11 (12 pairs, 1.03-1.22) on a 2-core AVX2 host;
+x^T always -> smaller transpose: 1.044 and 1.042 (2 x 16 pairs) on a 2-core AMD EPYC host.
+Any other contraction goes to `lax.dot_general`.
 """
 
 import math
@@ -35,8 +42,14 @@ def _matmul_fwd(x, w):
 def _matmul_bwd(residuals, dy):
     x, w = residuals
     w_t = jax.lax.optimization_barrier(w.T)  # [O, I], materialised
-    x_t = jax.lax.optimization_barrier(x.T)  # [I, M], materialised
-    return dy @ w_t, x_t @ dy
+    dx = dy @ w_t  # [M, I]
+    if x.shape[1] > dy.shape[1]:  # I > O: transpose dy [M, O], the smaller operand
+        dy_t = jax.lax.optimization_barrier(dy.T)  # [O, M]
+        dw = jax.lax.optimization_barrier(dy_t @ x).T  # [O, I] -> [I, O]
+    else:
+        x_t = jax.lax.optimization_barrier(x.T)  # [I, M]
+        dw = x_t @ dy
+    return dx, dw
 
 
 matmul.defvjp(_matmul_fwd, _matmul_bwd)
