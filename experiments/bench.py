@@ -70,9 +70,11 @@ def _define_flags():
     )
     flags.DEFINE_bool(
         "tune_malloc",
-        False,
+        None,
         "Keep XLA's per-step buffers resident (tfjax.runtime.tune_glibc_malloc) before anything "
-        "runs; applies to the whole process, so to the peer too.",
+        "runs; applies to the whole process, so to the peer too. Default: on where JAX computes "
+        "on the CPU alone and the C library is glibc (tfjax.runtime.should_tune_malloc); "
+        "--notune_malloc to measure glibc's defaults. The JSON's host_malloc says which.",
     )
 
 
@@ -351,9 +353,9 @@ def check_peer(peer: str, benches: list[str]) -> None:
 
 def main(argv):
     del argv
-    if FLAGS.tune_malloc:
-        from tfjax import runtime
+    from tfjax import runtime
 
+    if runtime.should_tune_malloc(FLAGS.tune_malloc):
         runtime.tune_glibc_malloc()  # before the first JAX computation (see tfjax.runtime)
     unknown = set(FLAGS.bench) - set(BENCHES)
     if unknown:

@@ -19,9 +19,11 @@ flags.DEFINE_string("config", "configs/base.py", "Config file, optionally with :
 flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config>_<preset>).")
 flags.DEFINE_bool(
     "tune_malloc",
-    False,
-    "On a CPU host, keep XLA's per-step buffers resident instead of page-faulting them in every "
-    "step (tfjax.runtime.tune_glibc_malloc; about 20% faster train steps measured here).",
+    None,
+    "Keep XLA's per-step buffers resident instead of page-faulting them in every step "
+    "(tfjax.runtime.tune_glibc_malloc; 15-50% faster CPU train steps measured). Default: on "
+    "where JAX computes on the CPU alone and the C library is glibc "
+    "(tfjax.runtime.should_tune_malloc); --notune_malloc keeps glibc's defaults.",
 )
 
 
@@ -37,11 +39,11 @@ def main(argv, overrides):
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes at INFO
     logging.getLogger("tfjax").setLevel(logging.INFO)
     config = config_utils.load_config(FLAGS.config, overrides)
-    if FLAGS.tune_malloc:
-        from tfjax import runtime
+    from tfjax import runtime  # no JAX computation yet: the tuning must come first
 
-        if not runtime.tune_glibc_malloc():
-            logging.getLogger("tfjax").warning("--tune_malloc: not glibc, nothing to tune")
+    if runtime.should_tune_malloc(FLAGS.tune_malloc) and not runtime.tune_glibc_malloc():
+        logging.getLogger("tfjax").warning("--tune_malloc: not glibc, nothing to tune")
+    logging.getLogger("tfjax").info("host malloc: %s", runtime.malloc_description())
     if config.parallel.distributed:
         from tfjax import parallel
 

@@ -66,3 +66,39 @@ def test_tuned_glibc_keeps_large_blocks_resident():
 def test_glibc_version_looks_like_a_version():
     major, minor = runtime.glibc_version().split(".")[:2]
     assert int(major) >= 2 and int(minor) >= 0
+
+
+@pytest.mark.parametrize(
+    "platforms, expected",
+    [("cpu", True), ("CPU", True), ("cuda", False), ("cpu,tpu", False), ("tpu, cpu", False)],
+)
+def test_cpu_only_follows_jax_platforms(monkeypatch, platforms, expected):
+    monkeypatch.setenv("JAX_PLATFORMS", platforms)
+    assert runtime.cpu_only() is expected
+    assert runtime.should_tune_malloc(None) is expected
+
+
+def test_cpu_only_without_jax_platforms_looks_for_accelerator_plugins(monkeypatch):
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.delenv("JAX_PLATFORM_NAME", raising=False)
+    monkeypatch.setattr(runtime, "accelerator_plugins", lambda: [])
+    assert runtime.cpu_only()
+    monkeypatch.setattr(runtime, "accelerator_plugins", lambda: ["jax_cuda12_plugin"])
+    assert not runtime.cpu_only()
+    assert not runtime.should_tune_malloc(None)
+
+
+def test_accelerator_plugins_finds_an_installed_plugin_module(monkeypatch, tmp_path):
+    (tmp_path / "jax_cuda12_plugin").mkdir()
+    (tmp_path / "jax_cuda12_plugin" / "__init__.py").write_text("")
+    before = runtime.accelerator_plugins()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "jax_cuda12_plugin" not in before
+    assert "jax_cuda12_plugin" in runtime.accelerator_plugins()
+
+
+def test_an_explicit_choice_wins(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    assert runtime.should_tune_malloc(True) is True
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert runtime.should_tune_malloc(False) is False
