@@ -28,6 +28,10 @@ run with `OMP_WAIT_POLICY=PASSIVE`, or torch's spinning OpenMP workers can slow 
 (measured on 2 cores shared with a training job: 5.2 s instead of 0.16 s at batch 2). The torch
 model has a final LayerNorm on each stack that tfjax's post-LN model lacks (`peer.notes`), so
 its `num_params` is 4 * d_model larger.
+
+Where JAX computes on the CPU alone the harness first tunes glibc malloc for the whole process,
+both sides included (`tfjax.runtime`; `host_malloc` in the output says so); `--notune_malloc`
+measures with glibc's defaults.
 """
 
 import functools
