@@ -72,3 +72,36 @@ def test_other_contractions_fall_back_to_lax_dot_general():
         jax.lax.dot_general(a, b, first_axis),
         rtol=1e-6,
     )
+
+
+@pytest.mark.parametrize("m, i, o", [(6, 5, 4), (6, 4, 5)])
+@pytest.mark.parametrize("branch", ["_bwd_cpu", "_bwd_default"])
+def test_each_platform_backward_equals_autodiff(branch, m, i, o):
+    # Both branches are called directly, so the GPU/TPU one is checked on this CPU too.
+    kx, kw, kd = jax.random.split(jax.random.key(7), 3)
+    x, w = jax.random.normal(kx, (m, i)), jax.random.normal(kw, (i, o))
+    dy = jax.random.normal(kd, (m, o))
+    got = getattr(linear, branch)(x, w, dy)
+    want = jax.vjp(jnp.matmul, x, w)[1](dy)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("platform, barriers", [("cpu", True), ("cuda", False), ("tpu", False)])
+def test_transpose_barriers_only_in_the_cpu_lowering(platform, barriers):
+    # jax.export lowers for a platform this host lacks: the choice is made at lowering time.
+    def grads(x, w):
+        return jax.grad(lambda x, w: jnp.sum(linear.matmul(x, w) ** 2), argnums=(0, 1))(x, w)
+
+    args = (jax.ShapeDtypeStruct((8, 6), jnp.float32), jax.ShapeDtypeStruct((6, 4), jnp.float32))
+    text = jax.export.export(jax.jit(grads), platforms=[platform])(*args).mlir_module()
+    assert ("optimization_barrier" in text) == barriers
+
+
+def test_cpu_compilation_keeps_no_platform_switch():
+    def grads(x, w):
+        return jax.grad(lambda x, w: jnp.sum(linear.matmul(x, w) ** 2), argnums=(0, 1))(x, w)
+
+    x, w = jnp.ones((8, 6)), jnp.ones((6, 4))
+    hlo = jax.jit(grads).lower(x, w).compile().as_text()
+    assert "conditional" not in hlo

@@ -375,3 +375,20 @@ def test_compute_metrics_loss_weights_leave_tokens_out():
     nll = -sum(log_probs[b, t, int(targets[b, t])] for b, t in kept)
     np.testing.assert_allclose(metrics["nll_sum"], nll, rtol=1e-5)
     assert float(metrics["weight_sum"]) == len(kept)
+
+
+@pytest.mark.parametrize("branch", ["_argmax_by_reductions", "_argmax_plain"])
+def test_each_platform_argmax_matches_numpy(branch):
+    # Both are called directly, so the GPU/TPU path is checked on this CPU too.
+    x = np.random.default_rng(3).normal(size=(50, 37)).astype(np.float32)
+    x[7, [4, 20]] = 9.0  # a tie: the first index wins
+    got = jax.jit(getattr(losses, branch))(jnp.asarray(x))
+    np.testing.assert_array_equal(got, _numpy_first_argmax(x))
+
+
+@pytest.mark.parametrize("platform, by_reductions", [("cpu", True), ("cuda", False)])
+def test_argmax_reduction_path_only_in_the_cpu_lowering(platform, by_reductions):
+    args = (jax.ShapeDtypeStruct((4, 10), jnp.float32),)
+    text = jax.export.export(jax.jit(losses.argmax), platforms=[platform])(*args).mlir_module()
+    spread = f"{np.float32(2.0**126):.8E}"  # the 2^126 multiplier, as StableHLO prints it
+    assert (spread in text) == by_reductions

@@ -21,6 +21,11 @@ Measured on the benchmark train step (`experiments/bench.py` shape), in-process 
 autodiff -> x^T always: step-time ratio 1.11 (12 pairs, 1.03-1.22) on a 2-core AVX2 host;
 x^T always -> smaller transpose: 1.044 and 1.042 (2 x 16 pairs) on a 2-core AMD EPYC host.
 Any other contraction goes to `lax.dot_general`.
+
+The layout above is for XLA's CPU backend only (`lax.platform_dependent`, resolved when the
+step is lowered): on GPU and TPU the backward is autodiff's `dy · W^T` and `x^T · dy`, because
+their matmul libraries read transposed operands in place, and a materialised transpose would only
+add a pass over memory (and the barriers would keep XLA from fusing around the products).
 """
 
 import math
@@ -39,8 +44,8 @@ def _matmul_fwd(x, w):
     return x @ w, (x, w)
 
 
-def _matmul_bwd(residuals, dy):
-    x, w = residuals
+def _bwd_cpu(x, w, dy):
+    """The backward of the module docstring: materialised transposes, row-major products."""
     w_t = jax.lax.optimization_barrier(w.T)  # [O, I], materialised
     dx = dy @ w_t  # [M, I]
     if x.shape[1] > dy.shape[1]:  # I > O: transpose dy [M, O], the smaller operand
@@ -50,6 +55,16 @@ def _matmul_bwd(residuals, dy):
         x_t = jax.lax.optimization_barrier(x.T)  # [I, M]
         dw = x_t @ dy
     return dx, dw
+
+
+def _bwd_default(x, w, dy):
+    """Autodiff's products: GPU and TPU matmuls read transposed operands at no cost."""
+    return dy @ w.T, x.T @ dy
+
+
+def _matmul_bwd(residuals, dy):
+    x, w = residuals
+    return jax.lax.platform_dependent(x, w, dy, cpu=_bwd_cpu, default=_bwd_default)
 
 
 matmul.defvjp(_matmul_fwd, _matmul_bwd)

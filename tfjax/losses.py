@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 # What `jax.device_get` hands the host for a scalar metric, or a plain Python number.
 HostScalar = float | int | np.number | np.ndarray
@@ -144,6 +144,9 @@ def argmax(logits: Float[Array, "... V"]) -> Int[Array, "..."]:
     so the check is all that runs when nothing is tied). The result is therefore always
     `jnp.argmax`'s, first index among ties included.
 
+    That path is for XLA's CPU backend only (`lax.platform_dependent`); GPU and TPU run
+    `jnp.argmax`, whose reductions they already do well.
+
     Args:
         logits: [..., V] any float dtype (compared in float32).
 
@@ -153,20 +156,26 @@ def argmax(logits: Float[Array, "... V"]) -> Int[Array, "..."]:
     *batch_shape, V = logits.shape
     if V >= 2**24 or 0 in logits.shape:  # float32 indices exact below 2^24
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    # 2-D [N, V]: XLA keeps the row-broadcast of m inside the fast kernel for a rank-2 reduce.
     z = jax.lax.stop_gradient(logits).astype(jnp.float32).reshape(-1, V)  # [N, V]
+    out = jax.lax.platform_dependent(z, cpu=_argmax_by_reductions, default=_argmax_plain)
+    return out.reshape(batch_shape)
+
+
+def _argmax_plain(z: Float[ArrayLike, "N V"]) -> Int[Array, " N"]:
+    return jnp.argmax(z, axis=-1).astype(jnp.int32)
+
+
+def _argmax_by_reductions(z: Float[ArrayLike, "N V"]) -> Int[Array, " N"]:
+    """`argmax`'s CPU path on float32 [N, V] (2-D: XLA then keeps the row-broadcast of the max
+    inside its fast reduction kernel)."""
+    V = z.shape[-1]
     m = jnp.max(z, axis=-1, keepdims=True)  # [N, 1]
     hit = jnp.maximum(1.0 - (m - z) * jnp.float32(_SPREAD), 0.0)  # [N, V]: 1 at the max
     candidate_f = jnp.sum(hit * jnp.arange(1, V + 1, dtype=jnp.float32), axis=-1) - 1.0  # [N]
     candidate = jnp.clip(candidate_f, 0, V - 1).astype(jnp.int32)
     at_candidate = jnp.take_along_axis(z, candidate[:, None], axis=-1)[:, 0]
     unique = (candidate_f == candidate.astype(jnp.float32)) & (at_candidate == m[:, 0])
-    out = jax.lax.cond(
-        jnp.all(unique),
-        lambda: candidate,
-        lambda: jnp.argmax(z, axis=-1).astype(jnp.int32),
-    )
-    return out.reshape(batch_shape)
+    return jax.lax.cond(jnp.all(unique), lambda: candidate, lambda: _argmax_plain(z))
 
 
 def sequence_exact_match(
