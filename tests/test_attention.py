@@ -267,3 +267,59 @@ def test_cached_attention_over_a_head_major_cache_equals_jax_attention(num_kv_he
         q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), mask=mask, bias=bias, scale=h**-0.5
     )
     np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+ON_GPU = jax.default_backend() == "gpu"
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU the cudnn implementation runs")
+def test_cudnn_off_a_gpu_says_so():
+    q, k, v = _qkv(dtype=jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"needs an NVIDIA GPU.*implementation='auto'"):
+        attention.dot_product_attention(q, k, v, implementation="cudnn")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(score="additive", score_params={}), "dot scores"),
+        (
+            dict(dropout_rate=0.1, dropout_rng=jax.random.key(0), deterministic=False),
+            "with dropout",
+        ),
+    ],
+)
+def test_cudnn_rejects_what_it_cannot_run(kwargs, match):
+    q, k, v = _qkv(dtype=jnp.bfloat16)
+    with pytest.raises(ValueError, match=match):
+        attention.dot_product_attention(q, k, v, implementation="cudnn", **kwargs)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="cuDNN attention needs an NVIDIA GPU")
+def test_cudnn_float32_inputs_get_a_clear_error():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        attention.dot_product_attention(q, k, v, implementation="cudnn")
+
+
+@pytest.mark.skipif(not ON_GPU, reason="cuDNN attention needs an NVIDIA GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_cudnn_matches_the_reference_path_with_its_gradients(causal):
+    # Shapes cuDNN accepts (head dim 64, lengths a multiple of 64), padding from segment ids.
+    b, length, n, h = 2, 128, 4, 64
+    keys = jax.random.split(jax.random.key(11), 4)
+    q, k, v = (jax.random.normal(key, (b, length, n, h), jnp.bfloat16) for key in keys[:3])
+    segments = (jnp.arange(length)[None, :] < jnp.array([[length], [90]])).astype(jnp.int32)
+    mask = masking.padding_mask(segments, segments)
+    if causal:
+        mask = mask & masking.causal_mask(length)
+
+    def loss(q, k, v, implementation):
+        out = attention.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
+        return jnp.sum(out.astype(jnp.float32) * jnp.cos(jnp.arange(h, dtype=jnp.float32)))
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)
+    got, want = grad(q, k, v, "cudnn"), grad(q, k, v, "reference")
+    for a, b_ in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        a, b_ = np.float32(a), np.float32(b_)
+        assert np.linalg.norm(a - b_) <= 2e-2 * np.linalg.norm(b_) + 1e-3

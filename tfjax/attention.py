@@ -26,7 +26,7 @@ from jaxtyping import Array, Bool, Float
 from tfjax import linear, positional
 
 SCORES = ("scaled_dot", "dot", "general", "additive")
-IMPLEMENTATIONS = ("auto", "reference", "xla")
+IMPLEMENTATIONS = ("auto", "reference", "xla", "cudnn")
 _FAST_SCORES = ("scaled_dot", "dot")
 
 
@@ -114,7 +114,27 @@ def _row_has_key(mask: Array, out_shape: tuple[int, ...]) -> Array:
 def _use_fast_path(score: str, implementation: str, dropout: bool) -> bool:
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
-    return implementation != "reference" and score in _FAST_SCORES and not dropout
+    fast = implementation != "reference" and score in _FAST_SCORES and not dropout
+    if implementation == "cudnn" and not fast:
+        raise ValueError(
+            f"implementation='cudnn' runs the dot scores without probability dropout; got "
+            f"score={score!r}{' with dropout' if dropout else ''}: use implementation='auto'"
+        )
+    return fast
+
+
+def _check_cudnn(q: Array) -> None:
+    """cuDNN's fused attention: an NVIDIA GPU and 16-bit inputs, else a clear error."""
+    if jax.default_backend() != "gpu":
+        raise ValueError(
+            f"implementation='cudnn' needs an NVIDIA GPU (JAX's default backend is "
+            f"{jax.default_backend()!r}): use implementation='auto'"
+        )
+    if q.dtype not in (jnp.bfloat16, jnp.float16):
+        raise ValueError(
+            f"implementation='cudnn' takes bfloat16 or float16 inputs, got {q.dtype}: set the "
+            f"compute dtype (ModelConfig.dtype) to bfloat16, or use implementation='auto'"
+        )
 
 
 def dot_product_attention(
@@ -143,9 +163,11 @@ def dot_product_attention(
       dropout_rate: dropout on the attention probabilities (active when not deterministic).
       dropout_rng: PRNG key for that dropout.
       deterministic: disables dropout.
-      implementation: "auto" uses `jax.nn.dot_product_attention` (XLA, or cuDNN flash attention
-        when it applies) for the dot scores without probability dropout, else the reference path;
-        "reference" always uses the einsum path written here; "xla" is "auto" by another name.
+      implementation: "auto" uses `jax.nn.dot_product_attention`'s XLA path for the dot scores
+        without probability dropout, else the reference path; "xla" is "auto" by another name;
+        "cudnn" asks `jax.nn.dot_product_attention` for cuDNN's fused (flash) attention, which
+        needs an NVIDIA GPU, bf16/fp16 inputs, a dot score and no probability dropout (a
+        ValueError says which is missing); "reference" always uses the einsum path written here.
 
     Returns:
       [B, L, N, H] in the dtype of `v`; rows whose mask is all False are zeros.
@@ -153,6 +175,8 @@ def dot_product_attention(
     _check_qkv(q, k, v)
     dropout = dropout_rate > 0.0 and not deterministic
     if _use_fast_path(score, implementation, dropout):
+        if implementation == "cudnn":
+            _check_cudnn(q)
         out = jax.nn.dot_product_attention(
             q,
             k.astype(q.dtype),
@@ -160,6 +184,7 @@ def dot_product_attention(
             bias=None if bias is None else bias.astype(q.dtype),
             mask=mask,
             scale=q.shape[-1] ** -0.5 if score == "scaled_dot" else 1.0,
+            implementation="cudnn" if implementation == "cudnn" else None,
         ).astype(v.dtype)
         if mask is not None:
             out = jnp.where(_row_has_key(mask, out.shape), out, 0).astype(v.dtype)
