@@ -1,33 +1,43 @@
 """Benchmarks: `python -m experiments.bench [--bench=train,decode] [--repeats=5] [--peer=torch]`.
 
 Every sub-benchmark prints one JSON line: the shape, tokens/s (median, min, max over repeats
-after a warm-up), compile time, peak resident memory of the process, and the jax/flax versions
-and device. `train` adds model FLOPs per step (formula in the output) and model FLOPs
-utilisation against the host's matmul ceiling, which the harness measures itself (a jitted
-float32 `jnp.dot`).
+after a warm-up), compile time, peak resident memory of the process, the device allocator's
+peak (`device_peak_bytes`, GPU and TPU), and the jax/flax versions and device. `train` adds
+model FLOPs per step (formula in the output) and model FLOPs utilisation against the host's
+matmul ceiling, which the harness measures itself (a jitted `jnp.dot` of two square arrays in
+the compute dtype: 2048 wide on CPU, 8192 on accelerators), and `mfu_vs_peak` against the
+device's datasheet peak (`PEAK_FLOPS`, or `--peak_flops`).
 
-The default shape is the benchmark shape of the project's issues: encoder-decoder, vocabulary
-8000, d_model 256, 3+3 layers, 4 heads, d_ff 1024, dropout 0.1, batch 32, source and target
-length 64, tied embeddings. `decode` generates 64 tokens per source (EOS disabled so every
-variant does the same work): KV-cached greedy, uncached greedy (recomputing the prefix every
-step) and beam search with 4 beams. `attention` (not in the default list: about a minute)
-times forward + backward of one attention layer (batch 1, 4 heads of 64) for lengths 256 to
-8192: full attention, the dense sliding-window mask (radius 64, still O(L^2)) and the blocked
-local attention of `tfjax.attention.local_attention` (O(L * r)), with XLA's temp memory.
+`--shape=base` (the default) is the benchmark shape of the project's issues: encoder-decoder,
+vocabulary 8000, d_model 256, 3+3 layers, 4 heads, d_ff 1024, dropout 0.1, batch 32, source
+and target length 64, tied embeddings. `--shape=large` is the accelerator shape: the paper's
+"big" widths (d_model 1024, d_ff 4096, 16 heads) on 6+6 layers, vocabulary 32000, batch 64,
+length 256; run it with `--dtype=bfloat16` (parameters and optimizer state stay float32).
+`--attention_impl=cudnn` trains with cuDNN's fused attention on NVIDIA GPUs.
+
+`decode` generates `target_len` tokens per source (EOS disabled so every variant does the same
+work): KV-cached greedy, uncached greedy (recomputing the prefix every step) and beam search
+with 4 beams. `attention` (not in the default list: about a minute) times forward + backward of
+one attention layer (batch 1, 4 heads of 64) for lengths 256 to 8192: full attention, the dense
+sliding-window mask (radius 64, still O(L^2)) and the blocked local attention of
+`tfjax.attention.local_attention` (O(L * r)), with XLA's temp memory.
 
 `--peer=torch` (needs the `parity` extra: `pip install -e ".[parity]"`) runs PyTorch's
 `torch.nn.Transformer`, set up like the tfjax model (`experiments/bench_torch.py`), in the same
-process on the same shape and batch, and adds a `peer` object to the `train` line. After one
-warm-up step of each side (tfjax's includes compilation), `--repeats` pairs are timed; each
-pair times exactly one train step of each side, one call at a time (tfjax's synchronised with
-`jax.block_until_ready`, torch's by `loss.item()`), tfjax first in even pairs and torch first
-in odd ones so that neither side always runs right after the other. tfjax's fields are computed
-from its steps in the pairs; `peer.ratio_per_pair` is tfjax tokens/s / torch tokens/s of each
-pair. Both use their default thread pools (torch's count is in `peer.threads`); on a busy host
-run with `OMP_WAIT_POLICY=PASSIVE`, or torch's spinning OpenMP workers can slow its steps 30x
-(measured on 2 cores shared with a training job: 5.2 s instead of 0.16 s at batch 2). The torch
-model has a final LayerNorm on each stack that tfjax's post-LN model lacks (`peer.notes`), so
-its `num_params` is 4 * d_model larger.
+process on the same shape and batch (on the GPU when JAX computes on one, under
+`torch.autocast` when the dtype is 16-bit), and adds a `peer` object to the `train` line. After
+`--warmup` untimed steps of each side (tfjax's first includes compilation), `--repeats` pairs
+are timed; each pair times exactly one train step of each side, one call at a time (tfjax's
+synchronised with `jax.block_until_ready`, torch's by `loss.item()`), tfjax first in even pairs
+and torch first in odd ones so that neither side always runs right after the other. tfjax's
+fields are computed from its steps in the pairs; `peer.ratio_per_pair` is tfjax tokens/s /
+torch tokens/s of each pair. Both use their default thread pools (torch's count is in
+`peer.threads`); on a busy host run with `OMP_WAIT_POLICY=PASSIVE`, or torch's spinning OpenMP
+workers can slow its steps 30x (measured on 2 cores shared with a training job: 5.2 s instead
+of 0.16 s at batch 2). The torch model has a final LayerNorm on each stack that tfjax's post-LN
+model lacks (`peer.notes`), so its `num_params` is 4 * d_model larger. With a peer on a GPU the
+harness caps JAX's up-front allocation at 45% of the card (`XLA_PYTHON_CLIENT_MEM_FRACTION`,
+unless set) so that torch has room.
 
 Where JAX computes on the CPU alone the harness first tunes glibc malloc for the whole process,
 both sides included (`tfjax.runtime`; `host_malloc` in the output says so); `--notune_malloc`
@@ -36,6 +46,7 @@ measures with glibc's defaults.
 
 import functools
 import json
+import os
 import resource
 import statistics
 import sys
@@ -62,13 +73,66 @@ SHAPE = dict(
     source_len=64,
     target_len=64,
 )
+# The accelerator shape: the paper's "big" widths (D 1024, F 4096, 16 heads) on 6 + 6 layers,
+# a 32k vocabulary (a multiple of 128), batch 64 at length 256.
+LARGE_SHAPE = dict(
+    vocab_size=32000,
+    embed_dim=1024,
+    num_layers=6,
+    num_decoder_layers=6,
+    num_heads=16,
+    mlp_dim=4096,
+    dropout_rate=0.1,
+    batch=64,
+    source_len=256,
+    target_len=256,
+)
+SHAPES = {"base": SHAPE, "large": LARGE_SHAPE}
+# Datasheet dense (no sparsity) peak FLOP/s by device kind and compute dtype, for
+# `mfu_vs_peak`; the first key that is a substring of `jax.Device.device_kind` wins.
+# NVIDIA H100 SXM5 and H200: 989.4 TFLOP/s bf16 dense (H100 PCIe: 756); A100: 312;
+# Google Cloud TPU v4: 275, v5e: 197, v5p: 459, v6e: 918 (bf16 per chip).
+PEAK_FLOPS = {
+    "bfloat16": (
+        ("H100 PCIe", 756e12),
+        ("H100", 989.4e12),
+        ("H200", 989.4e12),
+        ("A100", 312e12),
+        ("TPU v4", 275e12),
+        ("TPU v5 lite", 197e12),
+        ("TPU v5e", 197e12),
+        ("TPU v5", 459e12),
+        ("TPU v6 lite", 918e12),
+        ("TPU v6e", 918e12),
+    ),
+}
 
 
 def _define_flags():
     flags.DEFINE_list("bench", ["train", "decode"], f"Sub-benchmarks to run, from {BENCHES}.")
-    flags.DEFINE_integer("repeats", 5, "Timed repeats after one warm-up.")
-    flags.DEFINE_integer("batch", SHAPE["batch"], "Batch size.")
+    flags.DEFINE_integer("repeats", 5, "Timed repeats after the warm-up.")
+    flags.DEFINE_integer("warmup", 1, "Untimed calls of each side first (the first compiles).")
+    flags.DEFINE_enum("shape", "base", list(SHAPES), "Model and batch shape: base or large.")
+    flags.DEFINE_integer("batch", None, "Batch size (default: the shape's).")
     flags.DEFINE_string("dtype", "float32", "Compute dtype (bfloat16 on accelerators).")
+    flags.DEFINE_enum(
+        "attention_impl",
+        "auto",
+        ["auto", "xla", "cudnn", "reference"],
+        "ModelConfig.attention_impl of the benchmarked model (cudnn: NVIDIA GPUs, bf16).",
+    )
+    flags.DEFINE_enum(
+        "prng_impl",
+        None,
+        ["threefry2x32", "rbg", "unsafe_rbg"],
+        "PRNG implementation of the train step's dropout key (default: JAX's default).",
+    )
+    flags.DEFINE_float(
+        "peak_flops",
+        None,
+        "The device's peak FLOP/s in the compute dtype, for mfu_vs_peak "
+        "(default: the datasheet figure of PEAK_FLOPS when the device is listed there).",
+    )
     flags.DEFINE_string(
         "peer", "", f"Framework timed beside tfjax in `train`: '' or one of {PEERS}."
     )
@@ -104,6 +168,14 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _device_peak_bytes() -> int | None:
+    """Peak bytes the default device's allocator has held (GPU, TPU); None where not reported."""
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
+
+
 def _time_once(fn) -> float:
     """Seconds of one call of `fn`, waiting for its (jax) outputs."""
     import jax
@@ -113,20 +185,27 @@ def _time_once(fn) -> float:
     return time.perf_counter() - start
 
 
-def _time(fn, repeats: int) -> tuple[float, list[float]]:
-    """(first call incl. compilation, [seconds per timed call])."""
+def _time(fn, repeats: int, warmup: int = 1) -> tuple[float, list[float]]:
+    """(first call incl. compilation, [seconds per timed call]) after `warmup` untimed calls."""
     first = _time_once(fn)
+    for _ in range(warmup - 1):
+        _time_once(fn)
     return first, [_time_once(fn) for _ in range(repeats)]
 
 
-def _time_pairs(fn, peer_fn, repeats: int) -> tuple[float, list[float], list[float]]:
+def _time_pairs(
+    fn, peer_fn, repeats: int, warmup: int = 1
+) -> tuple[float, list[float], list[float]]:
     """(first `fn` call incl. compilation, [fn seconds], [peer_fn seconds]) over alternating pairs.
 
-    After one warm-up call of each, pair i times one call of each: `fn` first when i is even,
-    `peer_fn` first when i is odd.
+    After `warmup` untimed calls of each, pair i times one call of each: `fn` first when i is
+    even, `peer_fn` first when i is odd.
     """
     first = _time_once(fn)
-    _time_once(peer_fn)
+    for _ in range(warmup - 1):
+        _time_once(fn)
+    for _ in range(warmup):
+        _time_once(peer_fn)
     times, peer_times = [], []
     for i in range(repeats):
         if i % 2 == 0:
@@ -143,22 +222,58 @@ def _rates(tokens: float, times: list[float]) -> dict:
     return {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
 
 
-def matmul_ceiling(size: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of a jitted float32 [size, size] @ [size, size] on the default device."""
+def ceiling_size(platform: str) -> int:
+    """Side of the square matmul that measures the ceiling: 2048 on CPU, 8192 on accelerators."""
+    return 2048 if platform == "cpu" else 8192
+
+
+def matmul_ceiling(
+    size: int = 2048, repeats: int = 5, dtype: str = "float32", calls: int = 1
+) -> float:
+    """FLOP/s of a jitted [size, size] @ [size, size] in `dtype` on the default device.
+
+    Each timed repeat dispatches `calls` products back to back and waits for the last, so that
+    on an accelerator (an 8192^3 bf16 product is about 1.5 ms on an H100) the host's dispatch
+    and wait are not counted as matmul time.
+    """
     import jax
     import jax.numpy as jnp
 
-    a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
+    a = jax.random.normal(jax.random.key(0), (size, size), jnp.dtype(dtype))
     dot = jax.jit(jnp.dot)
-    _, times = _time(lambda: dot(a, a), repeats)
-    return 2 * size**3 / statistics.median(times)
+
+    def products():
+        for _ in range(calls):
+            out = dot(a, a)  # the previous product is freed once this one is queued
+        return out
+
+    _, times = _time(products, repeats, warmup=2)
+    return 2 * size**3 * calls / statistics.median(times)
 
 
-def _model(dtype: str):
+def datasheet_peak(device_kind: str, dtype: str) -> float | None:
+    """The `PEAK_FLOPS` entry of this device kind and dtype, or None if it has none."""
+    for name, flops in PEAK_FLOPS.get(dtype, ()):
+        if name in device_kind:
+            return flops
+    return None
+
+
+def _model_fields(shape: dict) -> dict:
+    return {k: v for k, v in shape.items() if k not in ("batch", "source_len", "target_len")}
+
+
+def _model(dtype: str, shape: dict = SHAPE, attention_impl: str = "auto"):
     from tfjax import models
 
-    fields = {k: v for k, v in SHAPE.items() if k not in ("batch", "source_len", "target_len")}
-    return models.create_model(models.ModelConfig(**fields, dtype=dtype))
+    return models.create_model(
+        models.ModelConfig(
+            **_model_fields(shape),
+            max_len=max(512, shape["source_len"], shape["target_len"]),
+            dtype=dtype,
+            attention_impl=attention_impl,
+        )
+    )
 
 
 def _batch(batch: int, shape: dict = SHAPE):
@@ -175,12 +290,12 @@ def _batch(batch: int, shape: dict = SHAPE):
     }
 
 
-def train_flops(batch: int) -> tuple[float, str]:
+def train_flops(batch: int, shape: dict = SHAPE) -> tuple[float, str]:
     """Model FLOPs of one train step (forward + backward = 3 x forward matmul FLOPs)."""
-    d, f, v = SHAPE["embed_dim"], SHAPE["mlp_dim"], SHAPE["vocab_size"]
-    s, t = SHAPE["source_len"], SHAPE["target_len"]
-    enc = SHAPE["num_layers"] * (2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d)
-    dec = SHAPE["num_decoder_layers"] * (
+    d, f, v = shape["embed_dim"], shape["mlp_dim"], shape["vocab_size"]
+    s, t = shape["source_len"], shape["target_len"]
+    enc = shape["num_layers"] * (2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d)
+    dec = shape["num_decoder_layers"] * (
         2 * t * (4 * d * d + 2 * d * f)
         + 2 * t * 2 * d * d
         + 2 * s * 2 * d * d
@@ -195,14 +310,20 @@ def train_flops(batch: int) -> tuple[float, str]:
     return 3.0 * batch * (enc + dec + logits), formula
 
 
-def _train_step(data: dict, dtype: str):
+def _train_step(
+    data: dict,
+    dtype: str,
+    shape: dict = SHAPE,
+    attention_impl: str = "auto",
+    prng_impl: str | None = None,
+):
     """(`run() -> metrics`: one jitted tfjax train step on `data`, parameter count)."""
     import jax
 
     from tfjax import optim, training
 
-    model = _model(dtype)
-    optimizer, schedule = optim.make_optimizer(optim.OptimConfig(), SHAPE["embed_dim"])
+    model = _model(dtype, shape, attention_impl)
+    optimizer, schedule = optim.make_optimizer(optim.OptimConfig(), shape["embed_dim"])
     state = training.create_train_state(
         model, optimizer, jax.random.key(0), data, "encoder_decoder"
     )
@@ -214,21 +335,24 @@ def _train_step(data: dict, dtype: str):
         donate_argnums=(0,),
     )
     holder = {"state": state}
+    dropout_key = jax.random.key(1, impl=prng_impl)
 
     def run():
-        holder["state"], metrics = step(holder["state"], data, jax.random.key(1))
+        holder["state"], metrics = step(holder["state"], data, dropout_key)
         return metrics
 
     return run, num_params
 
 
-def _peer_result(peer: str, times: list[float], peer_times: list[float], tokens: int) -> dict:
+def _peer_result(
+    peer: str, times: list[float], peer_times: list[float], tokens: int, shape: dict, device: str
+) -> dict:
     """The `peer` object of the train line (see the module docstring)."""
     del peer  # only "torch" so far
     ratios = [peer_t / t for t, peer_t in zip(times, peer_times, strict=True)]
     return {
-        **bench_torch.info(),
-        "num_params": bench_torch.num_params(SHAPE),
+        **bench_torch.info(device),
+        "num_params": bench_torch.num_params(shape),
         "target_tokens_per_second": _rates(tokens, peer_times),
         "step_seconds_median": statistics.median(peer_times),
         "ratio_per_pair": ratios,
@@ -237,19 +361,41 @@ def _peer_result(peer: str, times: list[float], peer_times: list[float], tokens:
     }
 
 
-def bench_train(repeats: int, batch: int, dtype: str, peer: str = "") -> dict:
+def peer_device(platform: str) -> str:
+    """Where the torch peer runs: "cuda" when JAX computes on a GPU, else "cpu"."""
+    return "cuda" if platform == "gpu" else "cpu"
+
+
+def bench_train(
+    repeats: int,
+    batch: int,
+    dtype: str,
+    peer: str = "",
+    shape: dict = SHAPE,
+    warmup: int = 1,
+    attention_impl: str = "auto",
+    peak_flops: float | None = None,
+    prng_impl: str | None = None,
+) -> dict:
     """Train-step throughput of tfjax; with `peer`, timed in alternation with that framework."""
-    data = _batch(batch)
-    run, num_params = _train_step(data, dtype)
-    tokens = batch * SHAPE["target_len"]
+    import jax
+
+    data = _batch(batch, shape)
+    run, num_params = _train_step(data, dtype, shape, attention_impl, prng_impl)
+    tokens = batch * shape["target_len"]
+    platform = jax.devices()[0].platform
     if peer:
-        peer_step = bench_torch.make_train_step(SHAPE, data)
-        first, times, peer_times = _time_pairs(run, peer_step, repeats)
+        device = peer_device(platform)
+        peer_step = bench_torch.make_train_step(shape, data, device=device, dtype=dtype)
+        first, times, peer_times = _time_pairs(run, peer_step, repeats, warmup)
     else:
-        first, times = _time(run, repeats)
-    flops, formula = train_flops(batch)
-    ceiling = matmul_ceiling()
+        first, times = _time(run, repeats, warmup)
+    flops, formula = train_flops(batch, shape)
+    size = ceiling_size(platform)
+    ceiling = matmul_ceiling(size, dtype=dtype, calls=1 if platform == "cpu" else 20)
     median_time = statistics.median(times)
+    if peak_flops is None:
+        peak_flops = datasheet_peak(jax.devices()[0].device_kind, dtype)
     out = {
         "bench": "train",
         "target_tokens_per_second": _rates(tokens, times),
@@ -258,23 +404,28 @@ def bench_train(repeats: int, batch: int, dtype: str, peer: str = "") -> dict:
         "model_flops_per_step": flops,
         "flops_formula": formula,
         "matmul_ceiling_flops": ceiling,
+        "matmul_ceiling": f"jitted jnp.dot of two [{size}, {size}] {dtype} arrays",
         "mfu": flops / median_time / ceiling,
+        "peak_flops": peak_flops,
+        "mfu_vs_peak": None if peak_flops is None else flops / median_time / peak_flops,
+        "attention_impl": attention_impl,
+        "prng_impl": str(jax.random.key_impl(jax.random.key(0, impl=prng_impl))),
         "num_params": num_params,
     }
     if peer:
-        out["peer"] = _peer_result(peer, times, peer_times, tokens)
+        out["peer"] = _peer_result(peer, times, peer_times, tokens, shape, device)
     return out
 
 
-def bench_decode(repeats: int, batch: int, dtype: str) -> dict:
+def bench_decode(repeats: int, batch: int, dtype: str, shape: dict = SHAPE, warmup: int = 1):
     import jax
 
     from tfjax import beam_search, decoding
 
-    model = _model(dtype)
-    data = _batch(batch)
+    model = _model(dtype, shape)
+    data = _batch(batch, shape)
     params = jax.jit(model.init)(jax.random.key(0), data["inputs"], data["targets"])["params"]
-    length, src, seg = SHAPE["target_len"], data["inputs"], data["inputs_segment_ids"]
+    length, src, seg = shape["target_len"], data["inputs"], data["inputs_segment_ids"]
     no_eos = -1  # never produced: every variant generates exactly `length` tokens
     variants = {
         "greedy_cached": jax.jit(
@@ -295,7 +446,7 @@ def bench_decode(repeats: int, batch: int, dtype: str) -> dict:
     }
     out = {"bench": "decode", "generated_tokens": batch * length}
     for name, fn in variants.items():
-        first, times = _time(lambda fn=fn: fn(params), repeats)
+        first, times = _time(lambda fn=fn: fn(params), repeats, warmup)
         out[name] = {
             "generated_tokens_per_second": _rates(batch * length, times),
             "compile_seconds": first - statistics.median(times),
@@ -325,7 +476,7 @@ def _attention_variant(name: str, length: int):
     return grad, q, k, v
 
 
-def bench_attention(repeats: int, batch: int, dtype: str) -> dict:
+def bench_attention(repeats: int, batch: int, dtype: str, warmup: int = 1) -> dict:
     """Forward + backward of one attention layer as the length grows: full, window, blocked."""
     del batch, dtype
     out = {"bench": "attention", "radius": ATTENTION_RADIUS, "heads": 4, "head_dim": 64}
@@ -334,7 +485,7 @@ def bench_attention(repeats: int, batch: int, dtype: str) -> dict:
         for length in ATTENTION_LENGTHS:
             grad, q, k, v = _attention_variant(name, length)
             memory = grad.lower(q, k, v).compile().memory_analysis()
-            _, times = _time(lambda grad=grad, q=q, k=k, v=v: grad(q, k, v), repeats)
+            _, times = _time(lambda grad=grad, q=q, k=k, v=v: grad(q, k, v), repeats, warmup)
             rows.append(
                 {
                     "length": length,
@@ -370,16 +521,36 @@ def main(argv):
             bench_torch.require_torch()
         except ImportError as error:
             sys.exit(str(error))
+    if FLAGS.warmup < 1:
+        raise app.UsageError(f"--warmup={FLAGS.warmup}: at least 1 (the first call compiles)")
+    model_shape = SHAPES[FLAGS.shape]
+    batch = model_shape["batch"] if FLAGS.batch is None else FLAGS.batch
+    if FLAGS.peer and "train" in FLAGS.bench:
+        # JAX takes 75% of a GPU's memory at start-up; leave the peer room (no effect on CPU).
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.45")
     env = _environment()
-    shape = {**SHAPE, "batch": FLAGS.batch, "dtype": FLAGS.dtype}
+    shape = {**model_shape, "batch": batch, "dtype": FLAGS.dtype, "name": FLAGS.shape}
+    common = dict(shape=model_shape, warmup=FLAGS.warmup)
     runners = {
-        "train": functools.partial(bench_train, peer=FLAGS.peer),
-        "decode": bench_decode,
-        "attention": bench_attention,
+        "train": functools.partial(
+            bench_train,
+            peer=FLAGS.peer,
+            attention_impl=FLAGS.attention_impl,
+            peak_flops=FLAGS.peak_flops,
+            prng_impl=FLAGS.prng_impl,
+            **common,
+        ),
+        "decode": functools.partial(bench_decode, **common),
+        "attention": functools.partial(bench_attention, warmup=FLAGS.warmup),
     }
     for name in FLAGS.bench:
-        result = runners[name](FLAGS.repeats, FLAGS.batch, FLAGS.dtype)
-        result.update(shape=shape, peak_rss_bytes=_peak_rss_bytes(), **env)
+        result = runners[name](FLAGS.repeats, batch, FLAGS.dtype)
+        result.update(
+            shape=shape,
+            peak_rss_bytes=_peak_rss_bytes(),
+            device_peak_bytes=_device_peak_bytes(),
+            **env,
+        )
         print(json.dumps(result), flush=True)
 
 

@@ -21,6 +21,7 @@ What still differs (also in `NOTES`, which the benchmark prints):
 torch is imported inside the functions, so this module imports without it.
 """
 
+import contextlib
 import math
 
 import numpy as np
@@ -35,6 +36,9 @@ NOTES = (
     "speed only is compared",
 )
 WARMUP_STEPS = 4000  # tfjax's OptimConfig default
+# Compute dtype -> torch.autocast dtype (None: no autocast). Parameters, Adam state and the
+# loss stay float32 either way, as tfjax keeps its parameters (param_dtype float32).
+AUTOCAST = {"float32": None, "bfloat16": "bfloat16", "float16": "float16"}
 
 
 def require_torch():
@@ -48,10 +52,26 @@ def require_torch():
     return torch
 
 
-def info() -> dict:
-    """Name, version and intra-op thread count (left at torch's default) of the peer."""
+def info(device: str = "cpu") -> dict:
+    """Name, version, device and intra-op thread count (left at torch's default) of the peer."""
     torch = require_torch()
-    return {"name": PEER, "version": torch.__version__, "threads": torch.get_num_threads()}
+    out = {"name": PEER, "version": torch.__version__, "threads": torch.get_num_threads()}
+    out["device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    return out
+
+
+def check_device(device: str, dtype: str) -> None:
+    """Raises ValueError for a device or compute dtype the peer does not run (with the fix)."""
+    torch = require_torch()
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"torch peer device {device!r}: use 'cpu' or 'cuda'")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            "JAX computes on a GPU but this torch build sees no CUDA device: install a CUDA "
+            "build of torch, or run the benchmark without --peer"
+        )
+    if dtype not in AUTOCAST:
+        raise ValueError(f"torch peer compute dtype {dtype!r}: use one of {sorted(AUTOCAST)}")
 
 
 def sinusoid_table(length: int, dim: int) -> np.ndarray:
@@ -112,15 +132,16 @@ def _paper_lr(d: int):
     return lambda step: d**-0.5 * min((step + 1) ** -0.5, (step + 1) * WARMUP_STEPS**-1.5)
 
 
-def _tensors(shape: dict, batch: dict) -> dict:
-    """Torch tensors of a `bench._batch` dict: ids, shifted decoder inputs, labels, masks."""
+def _tensors(shape: dict, batch: dict, device: str = "cpu") -> dict:
+    """Torch tensors on `device` of a `bench._batch` dict: ids, shifted decoder inputs, labels,
+    masks."""
     torch = require_torch()
     inputs, targets = batch["inputs"], batch["targets"]  # [B, S], [B, L] int32
     src_seg, tgt_seg = batch["inputs_segment_ids"], batch["targets_segment_ids"]
     bos = np.full((targets.shape[0], 1), 1, targets.dtype)
     decoder_inputs = np.concatenate([bos, targets[:, :-1]], axis=1) * (tgt_seg > 0)  # [B, L]
     length = targets.shape[1]
-    return {
+    tensors = {
         "inputs": torch.from_numpy(inputs.astype(np.int64)),
         "decoder_inputs": torch.from_numpy(decoder_inputs.astype(np.int64)),
         "labels": torch.from_numpy(np.where(tgt_seg > 0, targets, -100).astype(np.int64)),
@@ -131,6 +152,7 @@ def _tensors(shape: dict, batch: dict) -> dict:
             sinusoid_table(max(inputs.shape[1], length), shape["embed_dim"])
         ),
     }
+    return {name: tensor.to(device) for name, tensor in tensors.items()}
 
 
 def _loss(modules, t: dict, vocab_size: int):
@@ -160,7 +182,15 @@ def _loss(modules, t: dict, vocab_size: int):
     )
 
 
-def make_train_step(shape: dict, batch: dict, *, learning_rate: float | None = None, seed: int = 0):
+def make_train_step(
+    shape: dict,
+    batch: dict,
+    *,
+    learning_rate: float | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+):
     """A closure doing one full train step on `batch`; returns the loss as a Python float.
 
     Args:
@@ -169,15 +199,20 @@ def make_train_step(shape: dict, batch: dict, *, learning_rate: float | None = N
         segment ids (0 = padding), int32 numpy.
       learning_rate: None = the paper schedule (what tfjax's benchmark uses); a float = constant.
       seed: torch's global seed, set here for the initialisation and the dropout masks.
+      device: "cpu" or "cuda".
+      dtype: compute dtype: "float32", or "bfloat16" / "float16" under `torch.autocast`
+        (parameters and optimizer state stay float32).
 
     Returns:
       `step() -> float`: zero_grad, forward in train mode (dropout on), loss, backward,
       Adam step (and schedule step). `.item()` makes it synchronous.
     """
     torch = require_torch()
+    check_device(device, dtype)
     torch.manual_seed(seed)
-    modules = build_model(shape)
-    tensors = _tensors(shape, batch)
+    modules = build_model(shape).to(device)
+    tensors = _tensors(shape, batch, device)
+    autocast = AUTOCAST[dtype]
     optimizer = torch.optim.Adam(
         modules.parameters(),
         lr=1.0 if learning_rate is None else learning_rate,
@@ -189,7 +224,12 @@ def make_train_step(shape: dict, batch: dict, *, learning_rate: float | None = N
 
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
-        loss = _loss(modules, tensors, shape["vocab_size"])
+        with (
+            torch.autocast(device, dtype=getattr(torch, autocast))
+            if autocast
+            else contextlib.nullcontext()
+        ):
+            loss = _loss(modules, tensors, shape["vocab_size"])
         loss.backward()
         optimizer.step()
         scheduler.step()

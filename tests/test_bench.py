@@ -7,6 +7,7 @@ import math
 import sys
 
 import jax
+import jax.extend
 import numpy as np
 import pytest
 from absl import app
@@ -106,3 +107,85 @@ def test_time_pairs_alternates_order():
     # Warm-up of each, then pairs: tfjax first in even pairs, the peer first in odd ones.
     assert calls == ["tfjax", "peer", "tfjax", "peer", "peer", "tfjax", "tfjax", "peer"]
     assert first >= 0 and len(times) == len(peer_times) == 3
+
+
+def _dot_flops(jaxpr) -> int:
+    """2 * (batch * free * contracted sizes) summed over every dot_general, sub-jaxprs too."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            out = eqn.outvars[0].aval.shape  # batch and free axes of both operands
+            contracted = math.prod(lhs[i] for i in lhs_contract)
+            total += 2 * math.prod(out) * contracted
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            total += _dot_flops(sub)
+    return total
+
+
+@pytest.mark.parametrize("shape", [TINY, dict(TINY, source_len=12, num_layers=2, mlp_dim=24)])
+def test_train_flops_formula_counts_the_model_matmuls(shape):
+    # Independent count: every dot_general of the forward pass's jaxpr, times 3 (fwd + bwd).
+    model = bench._model("float32", shape)
+    data = bench._batch(shape["batch"], shape)
+    inputs, targets = jax.numpy.asarray(data["inputs"]), jax.numpy.asarray(data["targets"])
+    params = model.init(jax.random.key(0), inputs, targets)
+    jaxpr = jax.make_jaxpr(model.apply)(params, inputs, targets)
+    counted = 3 * _dot_flops(jaxpr.jaxpr)
+    flops, formula = bench.train_flops(shape["batch"], shape)
+    assert flops == counted and "3 * B" in formula
+
+
+def test_large_shape_is_the_accelerator_benchmark_of_the_issue():
+    large = bench.SHAPES["large"]
+    assert (large["embed_dim"], large["batch"], large["source_len"], large["target_len"]) == (
+        1024,
+        64,
+        256,
+        256,
+    )
+    models.ModelConfig(**bench._model_fields(large))  # a valid model config
+
+
+@pytest.mark.parametrize(
+    "kind, dtype, want",
+    [
+        ("NVIDIA H100 80GB HBM3", "bfloat16", 989.4e12),
+        ("NVIDIA H100 PCIe", "bfloat16", 756e12),
+        ("NVIDIA H200", "bfloat16", 989.4e12),
+        ("TPU v5 lite", "bfloat16", 197e12),
+        ("TPU v5p", "bfloat16", 459e12),
+        ("NVIDIA H100 80GB HBM3", "float32", None),
+        ("cpu", "bfloat16", None),
+    ],
+)
+def test_datasheet_peak_lookup(kind, dtype, want):
+    assert bench.datasheet_peak(kind, dtype) == want
+
+
+def test_ceiling_size_by_platform():
+    assert bench.ceiling_size("cpu") == 2048 and bench.ceiling_size("gpu") == 8192
+
+
+def test_peer_device_follows_jax():
+    assert bench.peer_device("gpu") == "cuda" and bench.peer_device("cpu") == "cpu"
+
+
+def test_torch_peer_rejects_unknown_dtype_and_device():
+    pytest.importorskip("torch", reason="the torch peer needs the 'parity' extra")
+    with pytest.raises(ValueError, match="float32"):
+        bench_torch.check_device("cpu", "int8")
+    with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
+        bench_torch.check_device("mps", "float32")
+
+
+def test_torch_peer_bf16_autocast_step_runs(one_torch_thread):
+    step = bench_torch.make_train_step(TINY, bench._batch(2, TINY), dtype="bfloat16")
+    assert math.isfinite(step())
+
+
+def test_time_pairs_warms_each_side_up(monkeypatch):
+    calls = []
+    bench._time_pairs(lambda: calls.append("t"), lambda: calls.append("p"), repeats=2, warmup=3)
+    assert calls[:6] == ["t", "t", "t", "p", "p", "p"] and len(calls) == 10
