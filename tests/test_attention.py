@@ -323,3 +323,25 @@ def test_cudnn_matches_the_reference_path_with_its_gradients(causal):
     for a, b_ in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         a, b_ = np.float32(a), np.float32(b_)
         assert np.linalg.norm(a - b_) <= 2e-2 * np.linalg.norm(b_) + 1e-3
+
+
+@pytest.mark.skipif(not ON_GPU, reason="cuDNN attention needs an NVIDIA GPU")
+def test_cudnn_gives_the_gradient_of_a_learned_bias():
+    # A relative-position style bias [1, N, L, S], learned: its gradient must match too.
+    b, length, n, h = 2, 128, 4, 64
+    keys = jax.random.split(jax.random.key(12), 4)
+    q, k, v = (jax.random.normal(key, (b, length, n, h), jnp.bfloat16) for key in keys[:3])
+    bias = jax.random.normal(keys[3], (1, n, length, length), jnp.bfloat16)
+    mask = masking.causal_mask(length)
+
+    def loss(q, k, v, bias, implementation):
+        out = attention.dot_product_attention(
+            q, k, v, mask=mask, bias=bias, implementation=implementation
+        )
+        return jnp.sum(out.astype(jnp.float32) * jnp.sin(jnp.arange(h, dtype=jnp.float32)))
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)), static_argnums=4)
+    got, want = grad(q, k, v, bias, "cudnn"), grad(q, k, v, bias, "reference")
+    for a, b_ in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        a, b_ = np.float32(a), np.float32(b_)
+        assert np.linalg.norm(a - b_) <= 2e-2 * np.linalg.norm(b_) + 1e-3
