@@ -62,11 +62,21 @@ def test_parameter_counts_match_the_paper(name, paper_millions):
         (dict(dropout_rate=1.0), "dropout_rate"),
         (dict(positional_combine="concat", positional_dim=0), "positional_dim"),
         (dict(positional_combine="concat", positional_dim=4, positional="rotary"), "concat"),
+        (dict(attention_impl="cudnn"), "dtype='float32'"),
+        (dict(attention_impl="cudnn", dtype="bfloat16", score="additive"), "score='additive'"),
+        (
+            dict(attention_impl="cudnn", dtype="bfloat16", attention_dropout_rate=0.1),
+            "attention_dropout_rate",
+        ),
     ],
 )
 def test_bad_config_values_name_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
         _tiny(**overrides)
+
+
+def test_cudnn_config_with_16_bit_compute_is_valid():
+    assert _tiny(attention_impl="cudnn", dtype="bfloat16").attention_impl == "cudnn"
 
 
 def test_config_is_frozen():

@@ -81,6 +81,7 @@ class ModelConfig:
     def __post_init__(self):
         _check_choices(self)
         _check_sizes(self)
+        _check_cudnn(self)
 
     @property
     def compute_dtype(self) -> jnp.dtype:
@@ -126,6 +127,25 @@ def _check_choices(cfg: ModelConfig) -> None:
     for field, allowed in _CHOICES.items():
         if getattr(cfg, field) not in allowed:
             raise ValueError(f"ModelConfig.{field}={getattr(cfg, field)!r} is not one of {allowed}")
+
+
+def _check_cudnn(cfg: ModelConfig) -> None:
+    """attention_impl="cudnn" needs 16-bit compute, a dot score and no probability dropout."""
+    if cfg.attention_impl != "cudnn":
+        return
+    problems = []
+    if cfg.dtype not in ("bfloat16", "float16"):
+        problems.append(f"dtype={cfg.dtype!r} (set dtype='bfloat16')")
+    if cfg.score not in ("scaled_dot", "dot"):
+        problems.append(f"score={cfg.score!r} (cuDNN runs the dot scores)")
+    if cfg.attention_dropout_rate > 0:
+        problems.append(f"attention_dropout_rate={cfg.attention_dropout_rate} (set it to 0)")
+    if problems:
+        raise ValueError(
+            "ModelConfig.attention_impl='cudnn' cannot run with "
+            + ", ".join(problems)
+            + "; or use attention_impl='auto'"
+        )
 
 
 def _check_sizes(cfg: ModelConfig) -> None:
