@@ -185,7 +185,7 @@ def test_torch_peer_bf16_autocast_step_runs(one_torch_thread):
     assert math.isfinite(step())
 
 
-def test_time_pairs_warms_each_side_up(monkeypatch):
+def test_time_pairs_warms_each_side_up():
     calls = []
     bench._time_pairs(lambda: calls.append("t"), lambda: calls.append("p"), repeats=2, warmup=3)
     assert calls[:6] == ["t", "t", "t", "p", "p", "p"] and len(calls) == 10
