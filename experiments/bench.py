@@ -185,11 +185,17 @@ def _time_once(fn) -> float:
     return time.perf_counter() - start
 
 
-def _time(fn, repeats: int, warmup: int = 1) -> tuple[float, list[float]]:
-    """(first call incl. compilation, [seconds per timed call]) after `warmup` untimed calls."""
+def _warm_up(fn, warmup: int) -> float:
+    """Calls `fn` `warmup` times, untimed but for the first (incl. compilation); returns that."""
     first = _time_once(fn)
     for _ in range(warmup - 1):
         _time_once(fn)
+    return first
+
+
+def _time(fn, repeats: int, warmup: int = 1) -> tuple[float, list[float]]:
+    """(first call incl. compilation, [seconds per timed call]) after `warmup` untimed calls."""
+    first = _warm_up(fn, warmup)
     return first, [_time_once(fn) for _ in range(repeats)]
 
 
@@ -201,11 +207,8 @@ def _time_pairs(
     After `warmup` untimed calls of each, pair i times one call of each: `fn` first when i is
     even, `peer_fn` first when i is odd.
     """
-    first = _time_once(fn)
-    for _ in range(warmup - 1):
-        _time_once(fn)
-    for _ in range(warmup):
-        _time_once(peer_fn)
+    first = _warm_up(fn, warmup)
+    _warm_up(peer_fn, warmup)
     times, peer_times = [], []
     for i in range(repeats):
         if i % 2 == 0:
@@ -383,10 +386,11 @@ def bench_train(
     data = _batch(batch, shape)
     run, num_params = _train_step(data, dtype, shape, attention_impl, prng_impl)
     tokens = batch * shape["target_len"]
-    platform = jax.devices()[0].platform
+    device = jax.devices()[0]
+    platform = device.platform
     if peer:
-        device = peer_device(platform)
-        peer_step = bench_torch.make_train_step(shape, data, device=device, dtype=dtype)
+        torch_device = peer_device(platform)
+        peer_step = bench_torch.make_train_step(shape, data, device=torch_device, dtype=dtype)
         first, times, peer_times = _time_pairs(run, peer_step, repeats, warmup)
     else:
         first, times = _time(run, repeats, warmup)
@@ -395,7 +399,7 @@ def bench_train(
     ceiling = matmul_ceiling(size, dtype=dtype, calls=1 if platform == "cpu" else 20)
     median_time = statistics.median(times)
     if peak_flops is None:
-        peak_flops = datasheet_peak(jax.devices()[0].device_kind, dtype)
+        peak_flops = datasheet_peak(device.device_kind, dtype)
     out = {
         "bench": "train",
         "target_tokens_per_second": _rates(tokens, times),
@@ -413,7 +417,7 @@ def bench_train(
         "num_params": num_params,
     }
     if peer:
-        out["peer"] = _peer_result(peer, times, peer_times, tokens, shape, device)
+        out["peer"] = _peer_result(peer, times, peer_times, tokens, shape, torch_device)
     return out
 
 

@@ -87,21 +87,19 @@ def test_each_platform_backward_equals_autodiff(branch, m, i, o):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
+def _matmul_grads(x, w):
+    return jax.grad(lambda x, w: jnp.sum(linear.matmul(x, w) ** 2), argnums=(0, 1))(x, w)
+
+
 @pytest.mark.parametrize("platform, barriers", [("cpu", True), ("cuda", False), ("tpu", False)])
 def test_transpose_barriers_only_in_the_cpu_lowering(platform, barriers):
     # jax.export lowers for a platform this host lacks: the choice is made at lowering time.
-    def grads(x, w):
-        return jax.grad(lambda x, w: jnp.sum(linear.matmul(x, w) ** 2), argnums=(0, 1))(x, w)
-
     args = (jax.ShapeDtypeStruct((8, 6), jnp.float32), jax.ShapeDtypeStruct((6, 4), jnp.float32))
-    text = jax.export.export(jax.jit(grads), platforms=[platform])(*args).mlir_module()
+    text = jax.export.export(jax.jit(_matmul_grads), platforms=[platform])(*args).mlir_module()
     assert ("optimization_barrier" in text) == barriers
 
 
 def test_cpu_compilation_keeps_no_platform_switch():
-    def grads(x, w):
-        return jax.grad(lambda x, w: jnp.sum(linear.matmul(x, w) ** 2), argnums=(0, 1))(x, w)
-
     x, w = jnp.ones((8, 6)), jnp.ones((6, 4))
-    hlo = jax.jit(grads).lower(x, w).compile().as_text()
+    hlo = jax.jit(_matmul_grads).lower(x, w).compile().as_text()
     assert "conditional" not in hlo
