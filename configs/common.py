@@ -9,8 +9,9 @@ import dataclasses
 
 import ml_collections
 
-from tfjax import models, optim
+from tfjax import models
 from tfjax.data import datasets
+from tfjax.training import optim
 
 # The paper's big model (Vaswani et al. 2017, Table 3), for every experiment file.
 BIG = {

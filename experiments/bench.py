@@ -20,7 +20,7 @@ work): KV-cached greedy, uncached greedy (recomputing the prefix every step) and
 with 4 beams. `attention` (not in the default list: about a minute) times forward + backward of
 one attention layer (batch 1, 4 heads of 64) for lengths 256 to 8192: full attention, the dense
 sliding-window mask (radius 64, still O(L^2)) and the blocked local attention of
-`tfjax.attention.local_attention` (O(L * r)), with XLA's temp memory.
+`tfjax.nn.attention.local_attention` (O(L * r)), with XLA's temp memory.
 
 `--peer=torch` (needs the `parity` extra: `pip install -e ".[parity]"`) runs PyTorch's
 `torch.nn.Transformer`, set up like the tfjax model (`experiments/bench_torch.py`), in the same
@@ -40,7 +40,8 @@ harness caps JAX's up-front allocation at 45% of the card (`XLA_PYTHON_CLIENT_ME
 unless set) so that torch has room.
 
 Where JAX computes on the CPU alone the harness first tunes glibc malloc for the whole process,
-both sides included (`tfjax.runtime`; `host_malloc` in the output says so); `--notune_malloc`
+both sides included (`tfjax.training.runtime`; `host_malloc` in the output says so);
+`--notune_malloc`
 measures with glibc's defaults.
 """
 
@@ -139,9 +140,10 @@ def _define_flags():
     flags.DEFINE_bool(
         "tune_malloc",
         None,
-        "Keep XLA's per-step buffers resident (tfjax.runtime.tune_glibc_malloc) before anything "
+        "Keep XLA's per-step buffers resident (tfjax.training.runtime.tune_glibc_malloc) before "
+        "anything "
         "runs; applies to the whole process, so to the peer too. Default: on where JAX computes "
-        "on the CPU alone and the C library is glibc (tfjax.runtime.should_tune_malloc); "
+        "on the CPU alone and the C library is glibc (tfjax.training.runtime.should_tune_malloc); "
         "--notune_malloc to measure glibc's defaults. The JSON's host_malloc says which.",
     )
 
@@ -150,7 +152,7 @@ def _environment() -> dict:
     import flax
     import jax
 
-    from tfjax import runtime
+    from tfjax.training import runtime
 
     device = jax.devices()[0]
     return {
@@ -323,16 +325,14 @@ def _train_step(
     """(`run() -> metrics`: one jitted tfjax train step on `data`, parameter count)."""
     import jax
 
-    from tfjax import optim, training
+    from tfjax.training import optim, steps
 
     model = _model(dtype, shape, attention_impl)
     optimizer, schedule = optim.make_optimizer(optim.OptimConfig(), shape["embed_dim"])
-    state = training.create_train_state(
-        model, optimizer, jax.random.key(0), data, "encoder_decoder"
-    )
+    state = steps.create_train_state(model, optimizer, jax.random.key(0), data, "encoder_decoder")
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     step = jax.jit(
-        training.make_train_step(
+        steps.make_train_step(
             model, optimizer, schedule, kind="encoder_decoder", label_smoothing=0.1
         ),
         donate_argnums=(0,),
@@ -424,7 +424,7 @@ def bench_train(
 def bench_decode(repeats: int, batch: int, dtype: str, shape: dict = SHAPE, warmup: int = 1):
     import jax
 
-    from tfjax import beam_search, decoding
+    from tfjax.inference import beam_search, decoding
 
     model = _model(dtype, shape)
     data = _batch(batch, shape)
@@ -466,7 +466,7 @@ def _attention_variant(name: str, length: int):
     import jax
     import jax.numpy as jnp
 
-    from tfjax import attention, masking
+    from tfjax.nn import attention, masking
 
     q, k, v = (jax.random.normal(jax.random.key(i), (1, length, 4, 64)) for i in range(3))
     if name == "local_blocked":
@@ -512,10 +512,10 @@ def check_peer(peer: str, benches: list[str]) -> None:
 
 def main(argv):
     del argv
-    from tfjax import runtime
+    from tfjax.training import runtime
 
     if runtime.should_tune_malloc(FLAGS.tune_malloc):
-        runtime.tune_glibc_malloc()  # before the first JAX computation (see tfjax.runtime)
+        runtime.tune_glibc_malloc()  # before the first JAX computation (see tfjax.training.runtime)
     unknown = set(FLAGS.bench) - set(BENCHES)
     if unknown:
         raise app.UsageError(f"unknown --bench {sorted(unknown)}; choose from {BENCHES}")

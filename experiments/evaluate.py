@@ -128,7 +128,7 @@ def restore_workdir(
     if split is not None:
         config.data.eval_split = split  # a locked config still takes new values for its keys
 
-    from tfjax import trainer
+    from tfjax.runs import trainer
 
     try:
         return trainer.restore(config, workdir, step, average_last=average_last)
@@ -143,7 +143,7 @@ def restore_workdir(
 
 def check_max_length(run: Any, max_length: int) -> None:
     """Raises CommandError unless the model of `run` can decode `max_length` positions."""
-    from tfjax import decoding
+    from tfjax.inference import decoding
 
     try:
         decoding.check_lengths(run.model, max_length)
@@ -164,7 +164,7 @@ def _check_options(beam_size: int, alpha: float, max_examples: int, batch_size: 
 
 def _decoded_scores(run, params, name: str, workdir: pathlib.Path, **options) -> dict[str, Any]:
     """Decodes the split, writes the hypotheses file and scores it (BLEU, chrF, exact match)."""
-    from tfjax import evaluation
+    from tfjax.inference import evaluation
 
     hypotheses, references, _ = evaluation.decode_dataset(run, params, **options)
     path = workdir / "eval" / f"{name}.hyp.txt"
@@ -210,7 +210,7 @@ def evaluate_workdir(
         split=split,
         average_last=average_last,
     )
-    from tfjax import trainer
+    from tfjax.runs import trainer
 
     params, split = restored.state.params, run.config.data.eval_split
     scores = trainer.evaluate(run, params, max_examples=max_examples)

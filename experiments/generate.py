@@ -115,8 +115,8 @@ def generate_texts(
     """
     import jax
 
-    from tfjax import decoding
     from tfjax.data import tokenizers
+    from tfjax.inference import decoding
 
     _check_sampling(temperature, top_k, top_p)
     trained = run.config.data.max_target_len

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from absl import app, flags
 
 from experiments import config_utils
-from tfjax import logger
+from tfjax.training import logger
 
 FLAGS = flags.FLAGS
 DEFAULT_ROOT = "runs/sweeps"

@@ -21,9 +21,10 @@ flags.DEFINE_bool(
     "tune_malloc",
     None,
     "Keep XLA's per-step buffers resident instead of page-faulting them in every step "
-    "(tfjax.runtime.tune_glibc_malloc; 15-50% faster CPU train steps measured). Default: on "
+    "(tfjax.training.runtime.tune_glibc_malloc; 15-50% faster CPU train steps measured). "
+    "Default: on "
     "where JAX computes on the CPU alone and the C library is glibc "
-    "(tfjax.runtime.should_tune_malloc); --notune_malloc keeps glibc's defaults.",
+    "(tfjax.training.runtime.should_tune_malloc); --notune_malloc keeps glibc's defaults.",
 )
 
 
@@ -39,18 +40,18 @@ def main(argv, overrides):
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes at INFO
     logging.getLogger("tfjax").setLevel(logging.INFO)
     config = config_utils.load_config(FLAGS.config, overrides)
-    from tfjax import runtime  # no JAX computation yet: the tuning must come first
+    from tfjax.training import runtime  # no JAX computation yet: the tuning must come first
 
     if runtime.should_tune_malloc(FLAGS.tune_malloc) and not runtime.tune_glibc_malloc():
         logging.getLogger("tfjax").warning("--tune_malloc: not glibc, nothing to tune")
     logging.getLogger("tfjax").info("host malloc: %s", runtime.malloc_description())
     if config.parallel.distributed:
-        from tfjax import parallel
+        from tfjax.parallel import strategies
 
-        parallel.initialize_distributed()
+        strategies.initialize_distributed()
     import jax
 
-    from tfjax import trainer
+    from tfjax.runs import trainer
 
     workdir = pathlib.Path(FLAGS.workdir) if FLAGS.workdir else default_workdir(FLAGS.config)
     if jax.process_index() == 0:

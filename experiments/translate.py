@@ -91,7 +91,7 @@ def translate_lines(
     Raises:
         CommandError: for a max_length outside [1, the model's max_len].
     """
-    from tfjax import evaluation
+    from tfjax.inference import evaluation
 
     length = max_length or run.config.data.max_target_len
     evaluate.check_max_length(run, length)

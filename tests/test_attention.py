@@ -1,4 +1,4 @@
-"""Tests for tfjax.attention against references written out here, jax.nn and Flax attention."""
+"""Tests for tfjax.nn.attention against references written out here, jax.nn and Flax attention."""
 
 import flax.linen as nn
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfjax import attention, masking
+from tfjax.nn import attention, masking
 
 B, L, S, N, H = 2, 5, 6, 4, 4
 

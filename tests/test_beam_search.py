@@ -1,4 +1,4 @@
-"""Tests for tfjax.beam_search: length penalty, beam 1 = greedy, beam >= greedy, n-best order."""
+"""tfjax.inference.beam_search: length penalty, beam 1 = greedy, beam >= greedy, n-best order."""
 
 import functools
 
@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfjax import beam_search, decoding, models
+from tfjax import models
+from tfjax.inference import beam_search, decoding
 
 TINY = dict(
     vocab_size=20,

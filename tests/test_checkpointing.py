@@ -1,4 +1,4 @@
-"""Tests for tfjax.checkpointing: exact round trips, retention, damage fallback, device counts."""
+"""tfjax.training.checkpointing: exact round trips, retention, damage fallback, device counts."""
 
 import gc
 import logging
@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from tfjax import checkpointing
+from tfjax.training import checkpointing
 
 # When orbax fails to read one array of a damaged step it abandons the reads of the others. Python
 # then reports those coroutines when they are garbage collected, and tensorstore's late callbacks
@@ -36,7 +36,7 @@ def _collect_abandoned_reads():
 
 @flax.struct.dataclass
 class TrainState:
-    """Stand-in for tfjax.training.TrainState: the same three array fields."""
+    """Stand-in for tfjax.training.steps.TrainState: the same three array fields."""
 
     step: jax.Array
     params: dict
@@ -166,7 +166,7 @@ def test_damaged_latest_falls_back_to_previous_step(tmp_path, caplog, damage):
             save(checkpointer, step)
     damage(tmp_path / "3")
     before = files(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="tfjax.checkpointing"):
+    with caplog.at_level(logging.WARNING, logger="tfjax.training.checkpointing"):
         with checkpointing.Checkpointer(tmp_path) as checkpointer:
             restored = checkpointer.restore(jax.eval_shape(lambda: make_state(0)))
             assert checkpointer.latest_step() == 2  # the trainer saves step 3 again
@@ -182,7 +182,7 @@ def test_bit_flip_is_caught_by_checksums(tmp_path, caplog):
         save(checkpointer, 1)
         save(checkpointer, 2)
     flip_bit(tmp_path / "2")
-    with caplog.at_level(logging.WARNING, logger="tfjax.checkpointing"):
+    with caplog.at_level(logging.WARNING, logger="tfjax.training.checkpointing"):
         restored = checkpointing.Checkpointer(tmp_path).restore(
             jax.eval_shape(lambda: make_state(0))
         )
@@ -195,7 +195,7 @@ def test_uncommitted_step_directory_is_skipped(tmp_path, caplog):
         save(checkpointer, 1)
     shutil.copytree(tmp_path / "1", tmp_path / "5")  # readable, but the save never finished
     delete_commit_marker(tmp_path / "5")
-    with caplog.at_level(logging.WARNING, logger="tfjax.checkpointing"):
+    with caplog.at_level(logging.WARNING, logger="tfjax.training.checkpointing"):
         restored = checkpointing.Checkpointer(tmp_path).restore(
             jax.eval_shape(lambda: make_state(0))
         )

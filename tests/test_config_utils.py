@@ -187,7 +187,7 @@ def test_split_config_overrides_needs_a_value():
 
 
 def test_load_config_json_round_trips_the_trainer_file(spec, tmp_path):
-    from tfjax import trainer
+    from tfjax.runs import trainer
 
     config = config_utils.load_config(spec)
     path = tmp_path / "config.json"

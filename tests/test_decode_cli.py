@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from experiments import config_utils, evaluate, generate, translate
-from tfjax import trainer
 from tfjax.data import tokenizers
+from tfjax.runs import trainer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SEQ2SEQ_OVERRIDES = [

@@ -1,4 +1,4 @@
-"""Tests for tfjax.decoding: the KV cache against full recomputation, generation and sampling.
+"""tfjax.inference.decoding: the KV cache against full recomputation, generation and sampling.
 
 Tolerance: cached and uncached logits agree to 1e-5 (float32, tiny models with fixed params).
 """
@@ -10,7 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfjax import decoding, masking, models
+from tfjax import models
+from tfjax.inference import decoding
+from tfjax.nn import masking
 
 TINY = dict(
     vocab_size=20,

@@ -1,4 +1,4 @@
-"""Tests of tfjax.evaluation: sacreBLEU metrics, exact match, perplexity and dataset decoding.
+"""tfjax.inference.evaluation: sacreBLEU metrics, exact match, perplexity and dataset decoding.
 
 sacrebleu's own `corpus_bleu` / `corpus_chrf` are the independent references for the text
 metrics; the uncached `decoding.greedy_decode` is the reference for greedy dataset decoding.
@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from tfjax import decoding, evaluation, models
+from tfjax import models
 from tfjax.data import datasets, tokenizers
+from tfjax.inference import decoding, evaluation
 
 HYPOTHESES = [
     "The cat sat on the mat.",
@@ -174,7 +175,7 @@ def test_decode_dataset_max_examples_and_decode_sources(tiny_run):
 
 
 def test_beam_search_keeps_the_best_hypothesis(tiny_run):
-    from tfjax import beam_search
+    from tfjax.inference import beam_search
 
     run, params = tiny_run
     hypotheses, _, _ = evaluation.decode_dataset(

@@ -1,4 +1,4 @@
-"""Tests for tfjax.layers: norms, feed-forward, embeddings and residual sub-layers vs formulas."""
+"""tfjax.nn.layers: norms, feed-forward, embeddings and residual sub-layers vs formulas."""
 
 import math
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfjax import layers
+from tfjax.nn import layers
 
 X = jax.random.normal(jax.random.key(0), (2, 3, 8)) * 3.0 + 1.0
 

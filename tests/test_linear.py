@@ -1,4 +1,4 @@
-"""tfjax.linear: the dense matmul with a hand-written backward equals autodiff of a plain one."""
+"""tfjax.nn.linear: the dense matmul with a hand-written backward equals autodiff of a plain one."""
 
 import flax.linen as nn
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfjax import linear
+from tfjax.nn import linear
 
 
 def test_matmul_gradients_on_literal_matrices():

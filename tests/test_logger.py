@@ -1,4 +1,4 @@
-"""Tests for tfjax/logger.py: metrics.jsonl, TensorBoard files, read_metrics, Progress."""
+"""Tests for tfjax/training/logger.py: metrics.jsonl, TensorBoard files, read_metrics, Progress."""
 
 import io
 import json
@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from tfjax import logger
+from tfjax.training import logger
 
 
 def _tensorboard_events(workdir) -> list:
@@ -126,9 +126,9 @@ def test_resumed_writer_starts_a_new_line_after_truncation(tmp_path, caplog):
 
 
 def test_import_is_lazy():
-    """`import tfjax.logger` must not pull in tensorboardX or tqdm (checked in a fresh process)."""
+    """`import tfjax.training.logger` pulls in neither tensorboardX nor tqdm (fresh process)."""
     code = (
-        "import sys, tfjax.logger; "
+        "import sys, tfjax.training.logger; "
         "print(sorted(m for m in ('tensorboardX', 'tqdm') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,4 +1,4 @@
-"""Tests for tfjax/losses.py against numpy references written out here."""
+"""Tests for tfjax/nn/losses.py against numpy references written out here."""
 
 import functools
 import math
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfjax import losses
+from tfjax.nn import losses
 
 
 def _log_softmax(x):

@@ -1,4 +1,4 @@
-"""Tests for tfjax.masking: literal 0/1 matrices written out by hand, shapes and errors."""
+"""Tests for tfjax.nn.masking: literal 0/1 matrices written out by hand, shapes and errors."""
 
 import contextlib
 
@@ -8,7 +8,7 @@ import jaxtyping
 import numpy as np
 import pytest
 
-from tfjax import masking
+from tfjax.nn import masking
 
 
 def _as_int(mask):

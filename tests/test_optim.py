@@ -1,4 +1,4 @@
-"""Tests for tfjax/optim.py: schedules against their formulas, config checks, hand-written Adam."""
+"""tfjax/training/optim.py: schedules against their formulas, config checks, hand-written Adam."""
 
 import math
 
@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from tfjax import optim
+from tfjax.training import optim
 
 
 def _lr(schedule, count):

@@ -1,5 +1,6 @@
 """Package-level checks: a side-effect-free import, the README's Colab snippet, the CI commands."""
 
+import ast
 import pathlib
 import re
 import subprocess
@@ -24,8 +25,9 @@ def test_import_is_lazy_and_has_no_side_effects():
         "assert 'jax' not in sys.modules, 'import tfjax must not import jax'\n"
         "assert not logging.getLogger().handlers, 'import tfjax must not configure logging'\n"
         "assert 'absl.flags' not in sys.modules\n"
-        "from tfjax import masking\n"
-        "assert hasattr(tfjax, '__version__') and 'attention' in dir(tfjax)\n"
+        "from tfjax.nn import attention, masking, positional\n"
+        "assert hasattr(tfjax, '__version__') and 'nn' in dir(tfjax)\n"
+        "assert tfjax.nn.masking is masking and tfjax.models.ModelConfig\n"
         "print(elapsed)\n"
     )
     out = subprocess.run(
@@ -47,3 +49,50 @@ def test_readme_commands_are_the_ci_commands():
     assert "pip install" in test and "pytest" in test
     ci = (ROOT / ".ci" / "run").read_text()
     assert "readme_command test" in ci
+
+
+# Which tfjax packages each package may import (the layer picture of tfjax/README.md).
+LAYERS = {
+    "nn": set(),
+    "data": set(),
+    "parallel": set(),
+    "models": {"nn"},
+    "inference": {"nn", "models", "data"},
+    "training": {"nn", "models", "data", "parallel"},
+    "runs": {"nn", "models", "data", "parallel", "inference", "training"},
+}
+
+
+def _tfjax_imports(path: pathlib.Path) -> set[str]:
+    """The tfjax packages a module imports anywhere in it (top level or inside functions)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tfjax"):
+            parts = node.module.split(".")
+            if len(parts) > 1:
+                found.add(parts[1])
+            else:
+                found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "tfjax" and len(parts) > 1:
+                    found.add(parts[1])
+    return found - {"_lazy"}
+
+
+def test_imports_only_go_down_the_layers():
+    package_dir = ROOT / "tfjax"
+    packages = {p.name for p in package_dir.iterdir() if (p / "__init__.py").exists()}
+    assert packages == set(LAYERS), "a new subpackage needs its place in LAYERS and the map"
+    loose = [p.name for p in package_dir.glob("*.py") if p.name not in ("__init__.py", "_lazy.py")]
+    assert not loose, f"modules belong in a layer's folder: {loose}"
+    upward = []
+    for path in sorted(package_dir.rglob("*.py")):
+        package = path.relative_to(package_dir).parts[0]
+        if package not in LAYERS:
+            continue
+        for imported in _tfjax_imports(path) - {package}:
+            if imported not in LAYERS[package]:
+                upward.append(f"{path.relative_to(ROOT)} imports tfjax.{imported}")
+    assert not upward, "imports against the layer order: " + "; ".join(upward)

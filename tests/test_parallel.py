@@ -12,7 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfjax import models, optim, parallel, training
+from tfjax import models
+from tfjax.parallel import strategies
+from tfjax.training import optim, steps
 
 STEPS = 10
 GLOBAL_BATCH = 16
@@ -51,10 +53,10 @@ def _setup():
                 "targets_segment_ids": seg,
             }
         )
-    state = training.create_train_state(
+    state = steps.create_train_state(
         model, optimizer, jax.random.key(0), batches[0], "encoder_decoder"
     )
-    step = training.make_train_step(
+    step = steps.make_train_step(
         model, optimizer, schedule, kind="encoder_decoder", label_smoothing=0.1
     )
     return state, step, batches
@@ -86,7 +88,7 @@ def test_parallel_modes_match_one_device(mode, fsdp):
     state, step, batches = _setup()
     initial = jax.device_get(state.params)  # donation may consume the buffers of `state`
     expected, expected_losses = _single_device(state, step, batches)
-    params, losses = _run(parallel.create(mode, fsdp=fsdp), state, step, batches)
+    params, losses = _run(strategies.create(mode, fsdp=fsdp), state, step, batches)
     np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=ATOL), params, expected)
     moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), expected, initial)
@@ -94,15 +96,15 @@ def test_parallel_modes_match_one_device(mode, fsdp):
 
 
 def test_fsdp_shards_large_parameters_and_rejects_bad_sizes():
-    strategy = parallel.create("sharded", fsdp=4)
-    spec = parallel._fsdp_spec((256, 64), 4)
+    strategy = strategies.create("sharded", fsdp=4)
+    spec = strategies._fsdp_spec((256, 64), 4)
     assert spec == jax.sharding.PartitionSpec("fsdp", None)
-    assert parallel._fsdp_spec((8,), 4) == jax.sharding.PartitionSpec()
+    assert strategies._fsdp_spec((8,), 4) == jax.sharding.PartitionSpec()
     x = strategy.put_state({"w": jnp.ones((256, 64))})["w"]
     assert len({str(s.index) for s in x.addressable_shards}) == 4
     with pytest.raises(ValueError, match="fsdp"):
-        parallel.create("sharded", fsdp=3)
+        strategies.create("sharded", fsdp=3)
     with pytest.raises(ValueError, match=r"parallel\.mode"):
-        parallel.create("tpu-magic")
+        strategies.create("tpu-magic")
     with pytest.raises(ValueError, match="global_batch_size"):
-        parallel.host_batch_size(12)
+        strategies.host_batch_size(12)

@@ -1,4 +1,4 @@
-"""Tests for tfjax.positional against formulas written out independently with Python math."""
+"""Tests for tfjax.nn.positional against formulas written out independently with Python math."""
 
 import math
 
@@ -8,7 +8,7 @@ import jaxtyping
 import numpy as np
 import pytest
 
-from tfjax import positional
+from tfjax.nn import positional
 
 # Jitted once per shape: op-by-op dispatch compiles every primitive separately and is slow on CPU.
 _rng = np.random.default_rng(0)  # fixed seed; numpy avoids compiling jax.random programs

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from experiments import config_utils, evaluate
-from tfjax import checkpointing, models, optim, trainer
+from tfjax import models
 from tfjax.data import datasets, sources
+from tfjax.runs import trainer
+from tfjax.training import checkpointing, optim
 
 SENTENCES = [
     ("A man rides a horse on the beach .", "Ein Mann reitet ein Pferd am Strand ."),

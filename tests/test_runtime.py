@@ -1,4 +1,4 @@
-"""tfjax.runtime: glibc malloc tuning, checked on page faults of a real process.
+"""tfjax.training.runtime: glibc malloc tuning, checked on page faults of a real process.
 
 Each case runs in a fresh interpreter: the tuning is process-wide and cannot be undone.
 """
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tfjax import runtime
+from tfjax.training import runtime
 
 pytestmark = pytest.mark.skipif(runtime.glibc_version() is None, reason="needs glibc (Linux)")
 
@@ -19,7 +19,7 @@ _PAGES = 32768  # 128 MiB of 4 KiB pages: above glibc's largest mmap threshold (
 _PROBE = textwrap.dedent(
     f"""
     import ctypes, resource, sys
-    from tfjax import runtime
+    from tfjax.training import runtime
     tuned = runtime.tune_glibc_malloc() if sys.argv[1] == "tune" else False
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p

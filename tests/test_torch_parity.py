@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfjax import models, transformer
+from tfjax import models
+from tfjax.nn import transformer
 
 torch = pytest.importorskip(
     "torch", reason="parity tests need the 'parity' extra: pip install torch"

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from experiments import config_utils
-from tfjax import logger, runtime, trainer
+from tfjax.runs import trainer
+from tfjax.training import logger, runtime
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

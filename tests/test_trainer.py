@@ -9,8 +9,9 @@ import optax
 import pytest
 
 from experiments import config_utils
-from tfjax import logger, optim, trainer
 from tfjax.data import pipeline
+from tfjax.runs import trainer
+from tfjax.training import logger, optim
 
 
 def _config(spec="configs/base.py:tiny", *overrides):

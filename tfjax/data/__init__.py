@@ -16,18 +16,9 @@ tfjax.data import scan`): `scan`, `tasks` and `tokenizers` need only numpy, whil
 imports grain, which itself imports jax, so it is only paid for when batches are wanted.
 """
 
-import importlib
+from tfjax import _lazy
 
 _SUBMODULES = ("datasets", "listops", "pipeline", "scan", "sources", "tasks", "tokenizers")
 
 __all__ = list(_SUBMODULES)
-
-
-def __getattr__(name: str):
-    if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(__all__)
+__getattr__, __dir__ = _lazy.submodules(__name__, _SUBMODULES)

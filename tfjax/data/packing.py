@@ -2,7 +2,7 @@
 
 Padding wastes most of a batch when lengths vary (SCAN targets average 15 of 49 tokens). A
 packed row holds examples back to back; the model keeps them apart with the segment masks and
-restarts positions per segment (`tfjax.masking.segment_mask`, `models.shift_right`), so a packed
+restarts positions per segment (`tfjax.nn.masking.segment_mask`, `models.shift_right`), so a packed
 row computes exactly what the separate rows would (tested in tests/test_models.py). Packing as
 in T5 (Raffel et al. 2020, §3.1.2 footnote on packing) and Flax's `examples/wmt`.
 

@@ -21,7 +21,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from tfjax import checkpointing, decoding, logger, losses, models, optim, parallel, training
+from tfjax import models
+from tfjax.inference import decoding
+from tfjax.nn import losses
+from tfjax.parallel import strategies
+from tfjax.training import checkpointing, logger, optim, steps
 from tfjax.data import datasets, pipeline, tokenizers
 
 log = logging.getLogger(__name__)
@@ -64,15 +68,15 @@ def _build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> _Run:
         )
     optim_config = optim.OptimConfig(**optim_fields)
     optimizer, schedule = optim.make_optimizer(optim_config, model_config.embed_dim)
-    strategy = parallel.create(config.parallel.mode, fsdp=config.parallel.fsdp)
+    strategy = strategies.create(config.parallel.mode, fsdp=config.parallel.fsdp)
     sample = jax.tree.map(lambda x: jnp.zeros((1, *x.shape), x.dtype), examples.train[0])
     abstract_state = jax.eval_shape(
-        lambda: training.create_train_state(
+        lambda: steps.create_train_state(
             model, optimizer, jax.random.key(0), sample, model_config.kind
         )
     )
     kind, smoothing = model_config.kind, config.train.label_smoothing
-    train_step = training.make_train_step(
+    train_step = steps.make_train_step(
         model,
         optimizer,
         schedule,
@@ -80,7 +84,7 @@ def _build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> _Run:
         label_smoothing=smoothing,
         grad_accum_steps=optim_config.grad_accum_steps,
     )
-    eval_step = jax.jit(training.make_eval_step(model, kind=kind, label_smoothing=smoothing))
+    eval_step = jax.jit(steps.make_eval_step(model, kind=kind, label_smoothing=smoothing))
     return _Run(
         config,
         model_config,
@@ -145,7 +149,7 @@ def restore(
 
 
 def _train_iterator(run: _Run) -> pipeline.BatchIterator:
-    batch_size = parallel.host_batch_size(run.config.train.global_batch_size)
+    batch_size = strategies.host_batch_size(run.config.train.global_batch_size)
     dataset = pipeline.make_dataset(
         run.examples.train,
         batch_size=batch_size,
@@ -167,7 +171,7 @@ def _initial_state(run: _Run, checkpointer, iterator, workdir: pathlib.Path):
     if restored is None:
         sample = jax.tree.map(lambda x: jnp.asarray(x[None]), run.examples.train[0])
         state = jax.jit(
-            lambda rng: training.create_train_state(
+            lambda rng: steps.create_train_state(
                 run.model, run.optimizer, rng, sample, run.model_config.kind
             )
         )(init_rng)
@@ -226,7 +230,7 @@ def evaluate(
     if "greedy_correct" in sums:
         result["greedy_exact_match"] = sums["greedy_correct"] / max(sums["greedy_count"], 1.0)
     if references is not None and jax.process_count() == 1:
-        from tfjax import evaluation  # sacrebleu, only for runs that keep references
+        from tfjax.inference import evaluation  # sacrebleu, only for runs that keep references
 
         result["greedy_bleu"] = evaluation.bleu(hypotheses, references[: len(hypotheses)])
     return result

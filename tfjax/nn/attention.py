@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from tfjax import linear, positional
+from tfjax.nn import linear, positional
 
 SCORES = ("scaled_dot", "dot", "general", "additive")
 IMPLEMENTATIONS = ("auto", "reference", "xla", "cudnn")

@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from tfjax import attention, layers, masking, positional
+from tfjax.nn import attention, layers, masking, positional
 
 
 class Embedder(nn.Module):

@@ -24,8 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, Integer
 
-from tfjax import beam_search, decoding, losses
 from tfjax.data import pipeline, tokenizers
+from tfjax.inference import beam_search, decoding
+from tfjax.nn import losses
 
 # Decoder: (params, inputs [B, S], inputs_segment_ids [B, S]) -> best hypothesis [B, L] int32.
 Decoder = Callable[[Any, Any, Any], Any]

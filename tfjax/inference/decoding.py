@@ -9,7 +9,7 @@
   2018, §5.4; nucleus / top-p: Holtzman et al. 2020, §3.1).
 - `greedy_decode` recomputes the decoder over the whole prefix at every step (O(L^2) work); it
   serves evaluation during training and is the reference for the cached decoder.
-Beam search lives in `tfjax.beam_search`. Everything here is traceable: jit it with
+Beam search lives in `tfjax.inference.beam_search`. Everything here is traceable: jit it with
 `functools.partial` over the model and the Python-valued options (max_length, eos_id, ...).
 """
 
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from tfjax import positional
+from tfjax.nn import positional
 
 # Filtered-out logits: finite (never -inf) so that softmax and categorical stay NaN-free.
 FILTERED = float(jnp.finfo(jnp.float32).min)

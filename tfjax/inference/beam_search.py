@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from tfjax import decoding
+from tfjax.inference import decoding
 
 # Log-prob of impossible beams: finite (never -inf) so that sums and divisions stay finite.
 NEG = -1.0e7

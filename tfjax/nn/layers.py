@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from tfjax import linear
+from tfjax.nn import linear
 
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("post", "pre")

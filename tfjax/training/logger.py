@@ -139,7 +139,7 @@ class MetricWriter:
 
     def _tensorboard_writer(self) -> Any:
         if self._tensorboard is None:
-            import tensorboardX  # lazy: keeps `import tfjax.logger` cheap
+            import tensorboardX  # lazy: keeps `import tfjax.training.logger` cheap
 
             self._tensorboard = tensorboardX.SummaryWriter(str(self.workdir / TENSORBOARD_DIR))
         return self._tensorboard
@@ -252,7 +252,7 @@ class Progress:
         self._start = time.perf_counter()
         self._bar: Any = None
         if enabled and self._use_bar:
-            import tqdm  # lazy: keeps `import tfjax.logger` cheap
+            import tqdm  # lazy: keeps `import tfjax.training.logger` cheap
 
             # smoothing=0: tqdm's rate is then the average since start, (n - initial) / elapsed.
             self._bar = tqdm.tqdm(

@@ -5,7 +5,7 @@ forward with dropout, cross-entropy with label smoothing (Vaswani et al. 2017, Â
 optax update. With `axis_name` (pmap) gradients and metric sums are summed over that axis; the
 loss is normalised by the global number of target tokens, so every parallel mode computes the
 same gradient as one device with the whole batch. Metrics are float32 sums and weights
-(`tfjax.losses`), divided on the host at log time. The loop itself is in `tfjax.trainer`.
+(`tfjax.nn.losses`), divided on the host at log time. The loop itself is in `tfjax.runs.trainer`.
 """
 
 from collections.abc import Callable
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tfjax import losses
+from tfjax.nn import losses
 
 Batch = dict[str, Any]  # str -> int32 [B, ...] numpy or jax arrays (DESIGN.md "How data flows")
 
@@ -56,7 +56,7 @@ def model_inputs(batch: Batch, kind: str) -> tuple[tuple, dict]:
 
 
 def batch_metrics(logits: jax.Array, batch: Batch, kind: str, *, label_smoothing: float) -> Batch:
-    """Loss and accuracy sums of one batch (`tfjax.losses.compute_metrics`)."""
+    """Loss and accuracy sums of one batch (`tfjax.nn.losses.compute_metrics`)."""
     if kind == "encoder_only":
         return losses.classification_metrics(
             logits, batch["labels"], label_smoothing=label_smoothing

@@ -1,0 +1,53 @@
+"""The models: `ModelConfig` and the three Transformers, one module each.
+
+Sources:
+- encoder-decoder Transformer, base and big sizes: Vaswani et al. 2017, §3 and Table 3;
+- encoder-only with a [CLS]-pooled classifier and a masked-LM head: Devlin et al. 2019 (BERT),
+  §3 and Appendix A;
+- decoder-only causal language model: Radford et al. 2018 (GPT), §3.1; Liu et al. 2018, §4.
+
+`from tfjax import models` gives the names below; the stacks they are built from live in
+`tfjax.nn.transformer`.
+"""
+
+import flax.linen as nn
+
+from tfjax.models.common import shift_right
+from tfjax.models.config import (
+    DTYPES,
+    ENCODER_HEADS,
+    KINDS,
+    POSITIONALS,
+    PRESETS,
+    ModelConfig,
+    preset,
+)
+from tfjax.models.decoder_only import DecoderOnly
+from tfjax.models.encoder_decoder import EncoderDecoder
+from tfjax.models.encoder_only import EncoderOnly
+
+__all__ = [
+    "DTYPES",
+    "ENCODER_HEADS",
+    "KINDS",
+    "POSITIONALS",
+    "PRESETS",
+    "DecoderOnly",
+    "EncoderDecoder",
+    "EncoderOnly",
+    "ModelConfig",
+    "create_model",
+    "preset",
+    "shift_right",
+]
+
+_MODELS = {
+    "encoder_decoder": EncoderDecoder,
+    "encoder_only": EncoderOnly,
+    "decoder_only": DecoderOnly,
+}
+
+
+def create_model(config: ModelConfig) -> nn.Module:
+    """The model class selected by `config.kind`, bound to `config`."""
+    return _MODELS[config.kind](config)

@@ -1,0 +1,64 @@
+"""What the three models share: decoder inputs, the token table and the output layer."""
+
+import flax.linen as nn
+import jax.numpy as jnp
+from jaxtyping import Array, Int
+
+from tfjax.models.config import ModelConfig
+from tfjax.nn import layers, linear
+
+
+def shift_right(
+    targets: Int[Array, "B L"], bos_id: int, segment_ids: Int[Array, "B L"] | None = None
+) -> Int[Array, "B L"]:
+    """Decoder inputs: targets moved one step right with BOS at the start of every segment.
+
+    With packed rows (segment ids), each segment starts with BOS and padding stays 0.
+    """
+    shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=bos_id)[:, :-1]  # [B, L]
+    if segment_ids is None:
+        return shifted
+    previous = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]  # [B, L]
+    shifted = jnp.where(segment_ids != previous, bos_id, shifted)
+    return jnp.where(segment_ids == 0, 0, shifted)
+
+
+class OutputMixin:
+    """Shared logits layer: tied to the token table (Vaswani §3.4) or a separate dense."""
+
+    def _make_output(self):
+        cfg = self.config
+        if not cfg.tie_output:
+            self.logits_dense = nn.Dense(
+                cfg.vocab_size,
+                dtype=cfg.compute_dtype,
+                param_dtype=cfg.params_dtype,
+                dot_general=linear.dense_dot_general,
+            )
+        elif cfg.positional_combine == "concat":
+            # Token embeddings are narrower than D when positions are concatenated.
+            self.logits_proj = nn.Dense(
+                cfg.token_width,
+                use_bias=False,
+                dtype=cfg.compute_dtype,
+                param_dtype=cfg.params_dtype,
+                dot_general=linear.dense_dot_general,
+            )
+
+    def _logits(self, x: Array) -> Array:
+        cfg = self.config
+        if not cfg.tie_output:
+            return self.logits_dense(x)
+        if cfg.positional_combine == "concat":
+            x = self.logits_proj(x)
+        return self.embed.attend(x)
+
+
+def make_embed(cfg: ModelConfig) -> layers.Embed:
+    return layers.Embed(
+        cfg.vocab_size,
+        cfg.token_width,
+        scale_by_sqrt_dim=cfg.scale_embeddings,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+    )

@@ -1,0 +1,211 @@
+"""`ModelConfig`: every model's hyperparameters, validated on construction, and the presets.
+
+Defaults are the base model of Vaswani et al. 2017 (Table 3); `preset("big")` is the big one.
+`ModelConfig` is built as `ModelConfig(**config.model)` from an ml_collections config and is
+frozen. The models that read it are in `encoder_decoder`, `encoder_only` and `decoder_only`.
+"""
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from tfjax.nn import attention, layers, positional
+
+KINDS = ("encoder_decoder", "encoder_only", "decoder_only")
+POSITIONALS = ("sinusoidal", "learned", "relative", "rotary", "alibi", "none")
+ENCODER_HEADS = ("classify", "mlm")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters of every model; defaults are the paper's base model (Vaswani Table 3).
+
+    Sizes: `embed_dim` D, `num_layers` (encoder, or the only stack of the decoder-only model),
+    `num_decoder_layers` (decoder of the encoder-decoder),
+    `num_heads` N, `num_kv_heads` K (0 = N), `head_dim` H (0 = D // N), `mlp_dim` F,
+    `max_len` (longest position for learned tables), `vocab_size` V (shared by source and target).
+    Options name one of the module-level tuples (`POSITIONALS`, `attention.SCORES`, ...);
+    `window_radius` r > 0 restricts self-attention to |i - j| <= r; `value_rank` r > 0 factorises
+    the value projection; `positional_dim` is the position width when positions are concatenated.
+    `dtype` is the compute dtype and `param_dtype` the storage dtype (names as strings).
+    """
+
+    kind: str = "encoder_decoder"
+    vocab_size: int = 37000
+    embed_dim: int = 512
+    num_layers: int = 6
+    num_decoder_layers: int = 6
+    num_heads: int = 8
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    mlp_dim: int = 2048
+    max_len: int = 512
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.0
+    score: str = "scaled_dot"
+    attention_impl: str = "auto"
+    fused_qkv: bool = True
+    value_rank: int = 0
+    window_radius: int = 0
+    positional: str = "sinusoidal"
+    positional_combine: str = "add"
+    positional_dim: int = 0
+    sinusoidal_base: float = 10000.0
+    sinusoidal_layout: str = "interleaved"
+    rope_base: float = 10000.0
+    relative_num_buckets: int = 32
+    relative_max_distance: int = 128
+    norm: str = "layernorm"
+    norm_position: str = "post"
+    final_norm: bool = False
+    layer_norm_epsilon: float = 1e-6
+    activation: str = "relu"
+    use_bias: bool = True
+    share_embeddings: bool = True
+    tie_output: bool = True
+    scale_embeddings: bool = True
+    encoder_head: str = "classify"
+    num_classes: int = 2
+    bos_id: int = 1
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        _check_choices(self)
+        _check_sizes(self)
+        _check_cudnn(self)
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def params_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    @property
+    def token_width(self) -> int:
+        """Width of the token embeddings: D, or D - positional_dim when positions are concat."""
+        concat = self.positional_combine == "concat"
+        return self.embed_dim - self.positional_dim if concat else self.embed_dim
+
+    @property
+    def position_width(self) -> int:
+        return self.positional_dim if self.positional_combine == "concat" else self.embed_dim
+
+    @property
+    def use_final_norm(self) -> bool:
+        """Pre-LN stacks always end with a norm; post-LN ones only when asked (PyTorch has one)."""
+        return self.final_norm or self.norm_position == "pre"
+
+
+_CHOICES = {
+    "kind": KINDS,
+    "positional": POSITIONALS,
+    "positional_combine": positional.COMBINE_MODES,
+    "sinusoidal_layout": positional.SINUSOIDAL_LAYOUTS,
+    "score": attention.SCORES,
+    "attention_impl": attention.IMPLEMENTATIONS,
+    "norm": layers.NORMS,
+    "norm_position": layers.NORM_POSITIONS,
+    "activation": layers.ACTIVATIONS,
+    "encoder_head": ENCODER_HEADS,
+    "dtype": DTYPES,
+    "param_dtype": DTYPES,
+}
+
+
+def _check_choices(cfg: ModelConfig) -> None:
+    for field, allowed in _CHOICES.items():
+        if getattr(cfg, field) not in allowed:
+            raise ValueError(f"ModelConfig.{field}={getattr(cfg, field)!r} is not one of {allowed}")
+
+
+def _check_cudnn(cfg: ModelConfig) -> None:
+    """attention_impl="cudnn" needs 16-bit compute, a dot score and no probability dropout."""
+    if cfg.attention_impl != "cudnn":
+        return
+    problems = []
+    if cfg.dtype not in ("bfloat16", "float16"):
+        problems.append(f"dtype={cfg.dtype!r} (set dtype='bfloat16')")
+    if cfg.score not in ("scaled_dot", "dot"):
+        problems.append(f"score={cfg.score!r} (cuDNN runs the dot scores)")
+    if cfg.attention_dropout_rate > 0:
+        problems.append(f"attention_dropout_rate={cfg.attention_dropout_rate} (set it to 0)")
+    if problems:
+        raise ValueError(
+            "ModelConfig.attention_impl='cudnn' cannot run with "
+            + ", ".join(problems)
+            + "; or use attention_impl='auto'"
+        )
+
+
+def _check_sizes(cfg: ModelConfig) -> None:
+    positive = (
+        "vocab_size",
+        "embed_dim",
+        "num_layers",
+        "num_heads",
+        "mlp_dim",
+        "max_len",
+        "num_classes",
+        "relative_num_buckets",
+        "relative_max_distance",
+    )
+    for field in positive:
+        if getattr(cfg, field) <= 0:
+            raise ValueError(f"ModelConfig.{field} must be > 0, got {getattr(cfg, field)}")
+    for field in (
+        "num_decoder_layers",
+        "num_kv_heads",
+        "head_dim",
+        "value_rank",
+        "window_radius",
+        "positional_dim",
+    ):
+        if getattr(cfg, field) < 0:
+            raise ValueError(f"ModelConfig.{field} must be >= 0, got {getattr(cfg, field)}")
+    if not cfg.head_dim and cfg.embed_dim % cfg.num_heads:
+        raise ValueError(
+            f"ModelConfig.embed_dim={cfg.embed_dim} must be divisible by num_heads="
+            f"{cfg.num_heads} (or set head_dim)"
+        )
+    if cfg.num_kv_heads and cfg.num_heads % cfg.num_kv_heads:
+        raise ValueError(
+            f"ModelConfig.num_heads={cfg.num_heads} must be divisible by num_kv_heads="
+            f"{cfg.num_kv_heads}"
+        )
+    for field in ("dropout_rate", "attention_dropout_rate"):
+        if not 0.0 <= getattr(cfg, field) < 1.0:
+            raise ValueError(f"ModelConfig.{field} must be in [0, 1), got {getattr(cfg, field)}")
+    _check_positions(cfg)
+
+
+def _check_positions(cfg: ModelConfig) -> None:
+    if cfg.positional_combine != "concat":
+        return
+    if cfg.positional not in ("sinusoidal", "learned"):
+        raise ValueError(
+            f"ModelConfig.positional_combine='concat' needs positional in ('sinusoidal', "
+            f"'learned'), got {cfg.positional!r}"
+        )
+    if not 0 < cfg.positional_dim < cfg.embed_dim or cfg.positional_dim % 2:
+        raise ValueError(
+            f"ModelConfig.positional_dim must be even and in (0, embed_dim={cfg.embed_dim}) "
+            f"when positions are concatenated, got {cfg.positional_dim}"
+        )
+
+
+PRESETS = {
+    # Vaswani et al. 2017, Table 3: base 65M and big 213M parameters (37k shared BPE vocabulary).
+    "base": {},
+    "big": {"embed_dim": 1024, "mlp_dim": 4096, "num_heads": 16, "dropout_rate": 0.3},
+}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    """The paper's "base" or "big" model, with optional field overrides."""
+    if name not in PRESETS:
+        raise ValueError(f"preset {name!r} is not one of {tuple(PRESETS)}")
+    return ModelConfig(**{**PRESETS[name], **overrides})

@@ -1,0 +1,65 @@
+"""Encoder-only model: [CLS]-pooled classifier or masked-LM head (Devlin et al. 2019, §3)."""
+
+import flax.linen as nn
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from tfjax.models import common
+from tfjax.models.config import ModelConfig
+from tfjax.nn import layers, linear, transformer
+
+
+class EncoderOnly(nn.Module):
+    """Bidirectional encoder with a [CLS]-pooled classifier or a masked-LM head (BERT §3).
+
+    "classify": logits [B, C] from tanh(W h_0 + b) of the first token (BOS doubles as [CLS]);
+    "mlm": logits [B, S, V] through dense + GELU + norm and the tied output projection.
+    """
+
+    config: ModelConfig
+
+    def setup(self):
+        cfg = self.config
+        self.embed = common.make_embed(cfg)
+        self.encoder = transformer.Encoder(cfg, self.embed)
+        dense = lambda n: nn.Dense(  # noqa: E731
+            n,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.params_dtype,
+            dot_general=linear.dense_dot_general,
+        )
+        if cfg.encoder_head == "classify":
+            self.pooler = dense(cfg.embed_dim)
+            self.classifier = dense(cfg.num_classes)
+            self.head_dropout = nn.Dropout(cfg.dropout_rate)
+        else:
+            self.mlm_dense = dense(cfg.token_width)
+            self.mlm_norm = layers.make_norm(
+                cfg.norm,
+                epsilon=cfg.layer_norm_epsilon,
+                dtype=cfg.compute_dtype,
+                param_dtype=cfg.params_dtype,
+            )
+            if not cfg.tie_output:
+                self.logits_dense = dense(cfg.vocab_size)
+
+    def __call__(
+        self,
+        inputs: Int[Array, "B S"],
+        *,
+        inputs_segment_ids: Int[Array, "B S"] | None = None,
+        inputs_positions: Int[Array, "B S"] | None = None,
+        deterministic: bool = True,
+    ) -> Float[Array, "B C"] | Float[Array, "B S V"]:
+        """Class logits [B, C] ("classify") or token logits [B, S, V] ("mlm")."""
+        x = self.encoder(
+            inputs,
+            segment_ids=inputs_segment_ids,
+            positions=inputs_positions,
+            deterministic=deterministic,
+        )  # [B, S, D]
+        if self.config.encoder_head == "classify":
+            pooled = jnp.tanh(self.pooler(x[:, 0]))  # [B, D]
+            return self.classifier(self.head_dropout(pooled, deterministic=deterministic))
+        x = self.mlm_norm(nn.gelu(self.mlm_dense(x), approximate=False))  # [B, S, E]
+        return self.embed.attend(x) if self.config.tie_output else self.logits_dense(x)

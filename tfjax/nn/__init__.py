@@ -1,0 +1,17 @@
+"""Layers of the network: pure functions over arrays, and thin Flax modules around them.
+
+Nothing here knows about configs, data or training; everything is usable on its own:
+
+    from tfjax.nn import attention, masking, positional
+
+Submodules: `masking` (boolean masks), `positional` (sinusoidal, learned, relative, rotary,
+ALiBi), `attention` (score functions, masked softmax, `MultiHeadAttention`, local and cached
+attention), `linear` (the dense layers' matmul), `layers` (norms, feed-forward, embeddings,
+residual sub-layers), `transformer` (encoder and decoder layers and stacks) and `losses`
+(label-smoothed cross-entropy and metric sums).
+"""
+
+from tfjax import _lazy
+
+__all__ = ["attention", "layers", "linear", "losses", "masking", "positional", "transformer"]
+__getattr__, __dir__ = _lazy.submodules(__name__, __all__)
