@@ -10,8 +10,6 @@ keys with the closest valid ones. The returned config is locked: code cannot add
 import ast
 import difflib
 import importlib.util
-import json
-import os
 import pathlib
 import sys
 from collections.abc import Sequence
@@ -219,16 +217,6 @@ def split_config_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
             override = f"{override}={value}"
         overrides.append(override)
     return remaining, overrides
-
-
-def load_config_json(path: str | os.PathLike) -> ml_collections.ConfigDict:
-    """A run's resolved config as written to `workdir/config.json` before step 0, locked."""
-    path = pathlib.Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: is {path.parent} a tfjax workdir?")
-    config = ml_collections.ConfigDict(json.loads(path.read_text(encoding="utf-8")))
-    config.lock()
-    return config
 
 
 def get_sweep(spec: str, name: str) -> list[dict[str, object]]:

@@ -187,18 +187,18 @@ def test_split_config_overrides_needs_a_value():
 
 
 def test_load_config_json_round_trips_the_trainer_file(spec, tmp_path):
-    from tfjax.runs import trainer
+    from tfjax.runs import build
 
     config = config_utils.load_config(spec)
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(trainer.config_dict(config)))
-    restored = config_utils.load_config_json(path)
+    path.write_text(json.dumps(build.config_dict(config)))
+    restored = build.load_config_json(path)
     assert restored.model.dims == [4, 8]
     assert restored.optim.learning_rate == config.optim.learning_rate
     with pytest.raises(AttributeError):
         restored.new_field = 1  # locked
     with pytest.raises(FileNotFoundError, match="tfjax workdir"):
-        config_utils.load_config_json(tmp_path / "missing.json")
+        build.load_config_json(tmp_path / "missing.json")
 
 
 def test_get_sweep(spec):

@@ -109,7 +109,7 @@ MAX_SOURCE_LEN, MAX_TARGET_LEN = 8, 8
 
 @pytest.fixture(scope="module")
 def tiny_run():
-    """A stand-in for `trainer.restore(...)[0]` with freshly initialised parameters."""
+    """A stand-in for `build.restore(...)[0]` with freshly initialised parameters."""
     data = datasets.DataConfig(
         name="reverse",
         num_train_examples=32,

@@ -8,10 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import config_utils, evaluate
+from experiments import config_utils
 from tfjax import models
 from tfjax.data import datasets, sources
-from tfjax.runs import trainer
+from tfjax.runs import build, evaluator, trainer, workdir
 from tfjax.training import checkpointing, optim
 
 SENTENCES = [
@@ -59,29 +59,29 @@ def multi30k_workdir(tmp_path_factory) -> pathlib.Path:
         files[f"multi30k/{split}.de"] = "".join(f"{t}\n" for _, t in SENTENCES * 4)
     overrides = [f"data.dir={_corpus(root, files)}", "train.num_train_steps=8"]
     config = config_utils.load_config("configs/multi30k.py:tiny", overrides)
-    workdir = tmp_path_factory.mktemp("multi30k")
-    result = trainer.train_and_evaluate(config, workdir)
+    path = tmp_path_factory.mktemp("multi30k")
+    result = trainer.train_and_evaluate(config, path)
     assert 0 <= result["greedy_bleu"] <= 100
-    return workdir
+    return path
 
 
 def test_multi30k_recipe_trains_and_evaluates_test2016_with_averaging(multi30k_workdir):
-    record = evaluate.evaluate_workdir(
+    record = evaluator.evaluate_workdir(
         multi30k_workdir, split="test2016", beam_size=2, average_last=2
     )
     assert record["split"] == "test2016" and record["averaged_checkpoints"] == 2
     assert record["num_examples"] == 16 and 0 <= record["bleu"] <= 100
     hypotheses = (multi30k_workdir / record["hypotheses"]).read_text().splitlines()
     assert len(hypotheses) == 16
-    with pytest.raises(evaluate.CommandError, match="keep_checkpoints >= 9"):
-        evaluate.evaluate_workdir(multi30k_workdir, split="val", average_last=9)
-    with pytest.raises(evaluate.CommandError, match="unknown split 'test2017'"):
-        evaluate.evaluate_workdir(multi30k_workdir, split="test2017")
+    with pytest.raises(workdir.WorkdirError, match="keep_checkpoints >= 9"):
+        evaluator.evaluate_workdir(multi30k_workdir, split="val", average_last=9)
+    with pytest.raises(workdir.WorkdirError, match="unknown split 'test2017'"):
+        evaluator.evaluate_workdir(multi30k_workdir, split="test2017")
 
 
 def test_checkpoint_average_is_the_mean_of_the_saved_parameters(multi30k_workdir):
-    config = config_utils.load_config_json(multi30k_workdir / "config.json")
-    run, _ = trainer.restore(config, multi30k_workdir)
+    config = build.load_config_json(multi30k_workdir / "config.json")
+    run, _ = build.restore(config, multi30k_workdir)
     with checkpointing.Checkpointer(multi30k_workdir / "checkpoints") as checkpointer:
         steps = checkpointer.all_steps()[-2:]
         first, second = (checkpointer.restore(run.abstract_state, step=s) for s in steps)
@@ -110,12 +110,12 @@ def test_shakespeare_recipe_scores_the_whole_val_split(tmp_path):
     )
     result = trainer.train_and_evaluate(config, tmp_path / "run")
     assert np.isfinite(result["nll"])
-    run, _ = trainer.restore(config, tmp_path / "run")
+    run, _ = build.restore(config, tmp_path / "run")
     val = text[int(0.9 * len(text)) :]
     # Every val character after the first is scored exactly once.
     weights = sum(int(e["targets_weights"].sum()) for e in run.examples.eval)
     assert weights == len(val) - 1
-    record = evaluate.evaluate_workdir(tmp_path / "run", sample_windows=64)
+    record = evaluator.evaluate_workdir(tmp_path / "run", sample_windows=64)
     assert record["sampled_windows"] == 64 and np.isfinite(record["sampled_nll"])
     assert record["nll"] == pytest.approx(result["nll"], rel=1e-5)
 

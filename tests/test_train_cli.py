@@ -14,8 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from experiments import config_utils
-from tfjax.runs import trainer
+from tfjax.runs import build
 from tfjax.training import logger, runtime
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -60,8 +59,8 @@ def _wait_for(path: pathlib.Path, predicate, timeout=300.0):
 
 
 def _params(workdir):
-    config = config_utils.load_config_json(workdir / "config.json")
-    state = trainer.restore(config, workdir)[1].state
+    config = build.load_config_json(workdir / "config.json")
+    state = build.restore(config, workdir)[1].state
     return [np.asarray(x) for x in __import__("jax").tree.leaves(state.params)]
 
 

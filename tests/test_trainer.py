@@ -10,7 +10,7 @@ import pytest
 
 from experiments import config_utils
 from tfjax.data import pipeline
-from tfjax.runs import trainer
+from tfjax.runs import build, trainer
 from tfjax.training import logger, optim
 
 
@@ -19,8 +19,8 @@ def _config(spec="configs/base.py:tiny", *overrides):
 
 
 def _restore(workdir: pathlib.Path, step=None):
-    config = config_utils.load_config_json(workdir / "config.json")
-    return trainer.restore(config, workdir, step)[1]
+    config = build.load_config_json(workdir / "config.json")
+    return build.restore(config, workdir, step)[1]
 
 
 def _params(workdir, step=None):

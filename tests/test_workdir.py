@@ -1,0 +1,321 @@
+"""The road from a workdir to text (`tfjax.runs.workdir`, `tfjax.runs.evaluator`) and its CLIs.
+
+Tiny workdirs are trained once per module, in-process, one per model kind and tokenizer kind
+that decodes text: encoder-decoders with word and SentencePiece tokenizers (the small `reverse`
+task, whose eval split decodes in seconds), decoder-only LMs with word and character tokenizers
+(`configs/lm.py:tiny`), and an encoder-only classifier. Every entry point is tested on every
+workdir it accepts and refuses every other with a message that names the right tool. The tests
+that start `python -m experiments.*` subprocesses are marked slow.
+"""
+
+import functools
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from experiments import config_utils
+from tfjax.data import tokenizers
+from tfjax.runs import evaluator, trainer, workdir
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+REVERSE = [
+    "train.num_train_steps=2",
+    "data.name=reverse",
+    "data.num_train_examples=64",
+    "data.num_eval_examples=10",
+    "data.task_max_len=6",
+    "data.max_source_len=8",
+    "data.max_target_len=8",
+]
+SPM_LENGTHS = ["data.max_source_len=24", "data.max_target_len=24"]  # more pieces than words
+RUNS = {  # name: (config spec, overrides)
+    "seq2seq_word": ("configs/base.py:tiny", REVERSE),
+    "seq2seq_spm": (
+        "configs/base.py:tiny",
+        [*REVERSE, "data.tokenizer=sentencepiece", "data.vocab_size=20", *SPM_LENGTHS],
+    ),
+    "lm_word": ("configs/lm.py:tiny", ["train.num_train_steps=2"]),
+    "lm_char": (
+        "configs/lm.py:tiny",
+        ["train.num_train_steps=2", "data.tokenizer=char", "data.max_target_len=48"],
+    ),
+    "classify": ("configs/classify.py:tiny", ["train.num_train_steps=2"]),
+}
+LONG_LINE = " ".join(f"s{i % 10}" for i in range(12))  # 12 words; the word model reads 7 (+ EOS)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """`trained(name)` -> the workdir of RUNS[name], trained on first use."""
+
+    @functools.cache
+    def make(name: str) -> pathlib.Path:
+        spec, overrides = RUNS[name]
+        path = tmp_path_factory.mktemp(name)
+        trainer.train_and_evaluate(config_utils.load_config(spec, overrides), path)
+        return path
+
+    return make
+
+
+# ---------------------------------------------------------------------------------------------
+# load: one object per model kind, errors that name the right tool
+
+
+@pytest.mark.parametrize(
+    "name, cls",
+    [
+        ("seq2seq_word", workdir.Translator),
+        ("seq2seq_spm", workdir.Translator),
+        ("lm_word", workdir.Generator),
+        ("lm_char", workdir.Generator),
+        ("classify", workdir.Trained),
+    ],
+)
+def test_load_gives_the_decoder_of_each_kind(trained, name, cls):
+    loaded = workdir.load(trained(name))
+    assert type(loaded) is cls and loaded.step == 2
+    assert loaded.config.model.kind == loaded.run.model_config.kind
+    text = "s1 s2 s3" if name != "classify" else "1 0 1"
+    ids = loaded.tokenizer.encode(text)
+    assert loaded.detokenize([*ids, tokenizers.EOS_ID, *ids]) == text  # stops at EOS
+
+
+@pytest.mark.parametrize(
+    "name, kinds, expected",
+    [
+        (
+            "lm_word",
+            ("encoder_decoder",),
+            r"kind decoder_only.*use python -m experiments\.generate",
+        ),
+        ("seq2seq_word", ("decoder_only",), r"use python -m experiments\.translate"),
+        ("classify", ("encoder_decoder",), r"use python -m experiments\.evaluate"),
+    ],
+)
+def test_load_refuses_another_kind(trained, name, kinds, expected):
+    with pytest.raises(workdir.WorkdirError, match=expected):
+        workdir.load(trained(name), kinds=kinds, tool="test")
+
+
+def test_load_errors_name_the_fix(trained, tmp_path):
+    with pytest.raises(workdir.WorkdirError, match=r"holds no trained run.*experiments\.train"):
+        workdir.load(tmp_path)
+    shutil.copy(trained("seq2seq_word") / "config.json", tmp_path / "config.json")
+    with pytest.raises(workdir.WorkdirError, match=r"holds no checkpoint.*experiments\.train"):
+        workdir.load(tmp_path)
+    with pytest.raises(workdir.WorkdirError, match="choose one of test, train"):
+        workdir.load(trained("seq2seq_word"), split="valid")
+    with pytest.raises(workdir.WorkdirError, match="average_last must be >= 1"):
+        workdir.load(trained("seq2seq_word"), average_last=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Translator
+
+
+def test_translator_encode_truncates_and_warns(trained):
+    translator = workdir.load(trained("seq2seq_word"))  # data.max_source_len = 8
+    lines = ["s1 s2", "", LONG_LINE, "s1 zz s2 yy", "zz"]
+    encoded, warnings = translator.encode(lines)
+    s1, s2, *_ = (translator.tokenizer.encode(f"s{i}")[0] for i in range(1, 10))
+    eos, unk = tokenizers.EOS_ID, tokenizers.UNK_ID
+    assert encoded[0] == [s1, s2, eos] and encoded[1] is None
+    assert encoded[2] == [*translator.tokenizer.encode(LONG_LINE)[:7], eos]
+    assert encoded[3] == [s1, unk, s2, unk, eos] and encoded[4] == [unk, eos]
+    assert len(warnings) == 3  # empty line 2, long line 3, unknown words once (line 4)
+    assert "line 2 is empty" in warnings[0]
+    assert "line 3 has 12 tokens" in warnings[1] and "first 7 tokens" in warnings[1]
+    assert "line 4: yy, zz not in the model's vocabulary" in warnings[2]
+
+
+@pytest.mark.parametrize("name", ["seq2seq_word", "seq2seq_spm"])
+def test_translate_keeps_one_output_per_line(trained, name):
+    translator = workdir.load(trained(name))
+    limit = translator.config.data.max_source_len - 1
+    long_line = " ".join(f"s{i % 10}" for i in range(limit + 3))  # too long for either tokenizer
+    lines = ["s1 s2 s3", "", long_line, "s4 zz"]
+    outputs, warnings = translator.translate(lines, beam_size=1)
+    assert len(outputs) == 4 and outputs[1] == ""
+    assert any("line 2 is empty" in w for w in warnings)
+    assert any(w.startswith("line 3 has") and "truncated" in w for w in warnings)
+    assert any("line 4: zz not in the model's vocabulary" in w for w in warnings)
+    # encode + decode is translate; the truncated line decodes as its kept tokens do.
+    encoded, _ = translator.encode(lines)
+    assert translator.decode([ids for ids in encoded if ids], beam_size=1) == [
+        o for o, ids in zip(outputs, encoded, strict=True) if ids
+    ]
+    kept = translator.detokenize(encoded[2][:-1])
+    assert translator.translate([kept], beam_size=1)[0] == outputs[2:3]
+    beam, _ = translator.translate(lines, beam_size=2)
+    assert len(beam) == 4 and beam[1] == ""
+
+
+def test_translate_option_errors(trained):
+    translator = workdir.load(trained("seq2seq_word"))
+    with pytest.raises(workdir.WorkdirError, match="beam_size and batch_size must be >= 1"):
+        translator.translate(["s1"], beam_size=0)
+    with pytest.raises(workdir.WorkdirError, match="max_length=-1: max_length must be >= 1"):
+        translator.translate(["s1"], max_length=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generator
+
+
+def test_generator_encode_pads_right_and_warns(trained):
+    generator = workdir.load(trained("lm_word"))
+    tokens, lengths, warnings = generator.encode(["s1 |", "s2 s1 s2 |", "s1 q"], 8)
+    assert tokens.shape == (3, 4) and lengths.tolist() == [2, 4, 2]
+    assert tokens[0, 2:].tolist() == [0, 0]
+    assert warnings == ["prompt 3: q not in the model's vocabulary, read as <unk>"]
+    chars = workdir.load(trained("lm_char"))
+    assert chars.encode(["s1 s", "s1 sx"], 8)[2] == [
+        "prompt 2: sx not in the model's vocabulary, read as <unk>"
+    ]
+    with pytest.raises(workdir.WorkdirError, match="prompt 2 has 4 tokens"):
+        generator.encode(["s1", "s1 s2 s1 s2"], 4)
+    with pytest.raises(workdir.WorkdirError, match="no prompt"):
+        generator.encode([], 4)
+
+
+@pytest.mark.parametrize("name", ["lm_word", "lm_char"])
+def test_generate_batches_prompts_of_different_lengths(trained, name):
+    generator = workdir.load(trained(name))
+    prompts = ["s1 s2 |", "s3 s1 s4 s5 s0 |"]
+    outputs, warnings = generator.generate(prompts)
+    assert len(outputs) == 2 and not warnings
+    # Padding one prompt to the other's length changes nothing: each alone gives the same.
+    assert [generator.generate([p])[0][0] for p in prompts] == outputs
+    sampled, _ = generator.generate(prompts, temperature=1.0, top_k=3, seed=1)
+    assert len(sampled) == 2
+    # Past the trained length a window slides on; up to it the text is the cached one.
+    trained_length = generator.config.data.max_target_len
+    longer, _ = generator.generate(prompts, max_length=trained_length + 6)
+    assert all(a.startswith(b) for a, b in zip(longer, outputs, strict=True))
+    too_long = " ".join(["s1"] * trained_length)
+    with pytest.raises(workdir.WorkdirError, match="trained length"):
+        generator.generate([too_long], max_length=1000)
+    with pytest.raises(workdir.WorkdirError, match="top_p"):
+        generator.generate(prompts, top_p=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluate_workdir
+
+
+def test_evaluate_writes_scores_and_hypotheses(trained):
+    path = trained("seq2seq_word")
+    record = evaluator.evaluate_workdir(path, beam_size=1)
+    saved = json.loads((path / "eval.json").read_text())
+    assert saved == record
+    assert {"bleu", "chrf", "exact_match", "loss", "perplexity", "accuracy"} <= set(saved)
+    assert saved["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert (saved["split"], saved["step"], saved["beam_size"]) == ("test", 2, 1)
+    hypotheses = (path / saved["hypotheses"]).read_text().splitlines()
+    assert saved["hypotheses"] == "eval/test_step2_beam1.hyp.txt"
+    assert len(hypotheses) == saved["num_examples"] == 10
+    # The cached greedy decoder agrees with the trainer's uncached one.
+    assert saved["exact_match"] == saved["greedy_exact_match"]
+    assert (path / "eval" / "test_step2_beam1.json").exists()
+
+
+def test_evaluate_beam_search_train_split_and_sentencepiece(trained):
+    path = trained("seq2seq_spm")
+    record = evaluator.evaluate_workdir(path, split="train", beam_size=2, max_examples=3)
+    assert (record["split"], record["beam_size"], record["num_examples"]) == ("train", 2, 3)
+    assert (path / "eval" / "train_step2_beam2.hyp.txt").exists()
+    assert 0.0 <= record["bleu"] <= 100.0
+
+
+@pytest.mark.parametrize("name", ["lm_word", "lm_char", "classify"])
+def test_evaluate_teacher_forced_runs(trained, name):
+    path = trained(name)
+    record = evaluator.evaluate_workdir(path)
+    assert {"loss", "accuracy"} <= set(record)
+    assert "bleu" not in record and "beam_size" not in record
+    assert json.loads((path / "eval.json").read_text()) == record
+
+
+def test_evaluate_errors(trained):
+    with pytest.raises(workdir.WorkdirError, match="beam_size must be >= 1"):
+        evaluator.evaluate_workdir(trained("seq2seq_word"), beam_size=0)
+    with pytest.raises(workdir.WorkdirError, match="max_examples must be >= 0"):
+        evaluator.evaluate_workdir(trained("seq2seq_word"), max_examples=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The commands in subprocesses (slow).
+
+
+def _command(module: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)  # one CPU device, as on a user's machine
+    return subprocess.run(
+        [sys.executable, "-m", f"experiments.{module}", *args],
+        cwd=ROOT,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["seq2seq_word", "lm_char", "classify"])
+def test_evaluate_command(trained, name):
+    path = trained(name)
+    done = _command("evaluate", f"--workdir={path}", "--beam_size=2")
+    assert done.returncode == 0, done.stderr
+    saved = json.loads((path / "eval.json").read_text())
+    assert "loss" in saved and f"step {saved['step']}" in done.stdout
+    if name.startswith("seq2seq"):
+        assert saved["beam_size"] == 2 and "tok:13a" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["seq2seq_word", "seq2seq_spm"])
+def test_translate_command_reads_stdin(trained, name):
+    sentence = "s1 s2 s3 s4 s5 s6 s7 s8 s9 s0 s1 s2 s3 s4"  # longer than both models read
+    done = _command("translate", f"--workdir={trained(name)}", stdin=f"s1 s2 s3\n\n{sentence}\n")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == "", done.stdout  # 3 + final newline
+    assert "warning: line 2 is empty" in done.stderr
+    assert "warning: line 3 has" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lm_word", "lm_char"])
+def test_generate_command(trained, name):
+    done = _command(
+        "generate", f"--workdir={trained(name)}", "--prompt=s1 s2 |", "--prompt=s3 s1 s4 s5 s0 |"
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "module, name, expected",
+    [
+        ("evaluate", "empty", "holds no trained run"),
+        ("translate", "empty", "python -m experiments.train"),
+        ("translate", "lm_word", "use python -m experiments.generate"),
+        ("translate", "classify", "use python -m experiments.evaluate"),
+        ("generate", "seq2seq_spm", "use python -m experiments.translate"),
+    ],
+)
+def test_commands_fail_clearly(trained, module, name, expected, tmp_path):
+    path = tmp_path if name == "empty" else trained(name)
+    args = ["--prompt=s1 |"] if module == "generate" else []
+    done = _command(module, f"--workdir={path}", *args, stdin="s1\n")
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: ") and expected in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, "one line, no traceback"

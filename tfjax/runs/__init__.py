@@ -1,0 +1,12 @@
+"""A run in its workdir: train one (`trainer`), or restore one and decode or evaluate it.
+
+`build` turns a config into a run (model, data, steps) and restores checkpoints; `trainer` is
+the training loop; `workdir` is the road from a workdir to text (`Translator`, `Generator`);
+`evaluator` holds the teacher-forced evaluation and `evaluate_workdir`. The top layer of the
+library: it imports everything below it, and only `experiments/` imports it.
+"""
+
+from tfjax import _lazy
+
+__all__ = ["build", "evaluator", "trainer", "workdir"]
+__getattr__, __dir__ = _lazy.submodules(__name__, __all__)

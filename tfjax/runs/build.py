@@ -1,0 +1,151 @@
+"""A run built from its config, and restored from its workdir.
+
+`build(config, workdir)` turns a resolved config into a `Run`: the model, the tokenized
+examples, the parallel strategy, the compiled train and eval steps and the abstract train state.
+`restore(config, workdir)` adds the parameters of a checkpoint. `config_dict` and
+`load_config_json` write and read the `config.json` a run keeps in its workdir. The training
+loop (`tfjax.runs.trainer`) and the decoding tools (`tfjax.runs.workdir`) both start here.
+"""
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from tfjax import models
+from tfjax.data import datasets, tokenizers
+from tfjax.inference import decoding
+from tfjax.parallel import strategies
+from tfjax.training import checkpointing, optim, steps
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything the loop needs, built once from the config."""
+
+    config: ml_collections.ConfigDict
+    model_config: models.ModelConfig
+    model: Any
+    examples: datasets.Examples
+    strategy: Any
+    train_step: Any
+    eval_step: Any
+    abstract_state: Any
+    optimizer: Any
+    greedy: Any  # jitted (params, inputs, segment_ids) -> [B, L] ids, seq2seq runs only
+
+
+def config_dict(config: ml_collections.ConfigDict) -> dict:
+    """JSON-safe nested dict of a config (tuples become lists)."""
+    return json.loads(config.to_json_best_effort())
+
+
+def load_config_json(path: str | os.PathLike) -> ml_collections.ConfigDict:
+    """A run's resolved config as written to `workdir/config.json` before step 0, locked."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: is {path.parent} a tfjax workdir?")
+    config = ml_collections.ConfigDict(json.loads(path.read_text(encoding="utf-8")))
+    config.lock()
+    return config
+
+
+def build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Run:
+    examples = datasets.load(
+        datasets.DataConfig(**config.data), config.model.kind, seed=config.seed, workdir=workdir
+    )
+    fields = config.model.to_dict()
+    fields["vocab_size"] = fields["vocab_size"] or examples.tokenizer.vocab_size
+    model_config = models.ModelConfig(**fields)
+    model = models.create_model(model_config)
+    optim_fields = config.optim.to_dict()
+    if optim_fields["schedule"] == "cosine" and not optim_fields["decay_steps"]:
+        # 0 = decay over the whole run, counted in applied updates.
+        optim_fields["decay_steps"] = (
+            config.train.num_train_steps // optim_fields["grad_accum_steps"]
+        )
+    optim_config = optim.OptimConfig(**optim_fields)
+    optimizer, schedule = optim.make_optimizer(optim_config, model_config.embed_dim)
+    strategy = strategies.create(config.parallel.mode, fsdp=config.parallel.fsdp)
+    sample = jax.tree.map(lambda x: jnp.zeros((1, *x.shape), x.dtype), examples.train[0])
+    abstract_state = jax.eval_shape(
+        lambda: steps.create_train_state(
+            model, optimizer, jax.random.key(0), sample, model_config.kind
+        )
+    )
+    kind, smoothing = model_config.kind, config.train.label_smoothing
+    train_step = steps.make_train_step(
+        model,
+        optimizer,
+        schedule,
+        kind=kind,
+        label_smoothing=smoothing,
+        grad_accum_steps=optim_config.grad_accum_steps,
+    )
+    eval_step = jax.jit(steps.make_eval_step(model, kind=kind, label_smoothing=smoothing))
+    return Run(
+        config,
+        model_config,
+        model,
+        examples,
+        strategy,
+        strategy.compile_train_step(train_step, abstract_state),
+        eval_step,
+        abstract_state,
+        optimizer,
+        make_greedy(model, config.data.max_target_len),
+    )
+
+
+def make_greedy(model, max_length: int):
+    """Cached greedy decoding (`decoding.generate`), jitted once per run."""
+
+    def greedy(params, inputs, segment_ids):
+        return decoding.generate(
+            model,
+            params,
+            inputs=inputs,
+            inputs_segment_ids=segment_ids,
+            max_length=max_length,
+            eos_id=tokenizers.EOS_ID,
+        )
+
+    return jax.jit(greedy)
+
+
+def restore(
+    config: ml_collections.ConfigDict,
+    workdir: str | pathlib.Path,
+    step: int | None = None,
+    *,
+    average_last: int = 1,
+) -> tuple[Run, checkpointing.Restored]:
+    """The run built from `config` and its checkpoint `step` (default: the latest good one).
+
+    `average_last=N > 1` instead averages the parameters of the last N saved checkpoints
+    (`Checkpointer.restore_average`); `step` must then be None.
+
+    Raises:
+      FileNotFoundError: if `workdir` has no checkpoint.
+      ValueError: for `average_last` with a `step`, or more checkpoints than are saved.
+    """
+    workdir = pathlib.Path(workdir)
+    if average_last > 1 and step is not None:
+        raise ValueError("average the last checkpoints or restore one step, not both")
+    run = build(config, workdir)
+    with checkpointing.Checkpointer(workdir / "checkpoints") as checkpointer:
+        if average_last > 1 and checkpointer.all_steps():
+            restored = checkpointer.restore_average(run.abstract_state, last=average_last)
+        else:
+            restored = checkpointer.restore(run.abstract_state, step=step)
+    if restored is None:
+        raise FileNotFoundError(
+            f"no checkpoint in {workdir / 'checkpoints'}: train first with "
+            f"python -m experiments.train --workdir={workdir}"
+        )
+    return run, restored

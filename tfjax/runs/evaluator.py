@@ -1,0 +1,198 @@
+"""Evaluating a run: teacher-forced metrics, greedy exact match and BLEU, beam-search scores.
+
+`evaluate(run, params)` is what the training loop logs every `train.eval_every_steps` and at the
+end; sums are taken over every host's slice of the split, so the numbers are exact on a pod.
+`evaluate_workdir` restores a workdir (`tfjax.runs.workdir.load`), adds beam-search BLEU, chrF
+and exact match for seq2seq runs, and writes `eval.json`: `experiments.evaluate` is its CLI.
+"""
+
+import json
+import pathlib
+from typing import Any
+
+import jax
+import numpy as np
+
+from tfjax.data import datasets, pipeline
+from tfjax.nn import losses
+from tfjax.runs import build
+from tfjax.runs import workdir as workdir_lib
+
+
+def host_sum(metrics: dict[str, Any], *, across_hosts: bool) -> dict[str, float]:
+    """Sums metric arrays on the host; `across_hosts` also sums over processes.
+
+    Train metrics are already global (summed over every device inside the step); evaluation
+    sums come from each host's own slice of the eval split and need the cross-host sum.
+    """
+    sums = {k: float(np.sum(v)) for k, v in metrics.items()}
+    if across_hosts and jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        gathered = multihost_utils.process_allgather(np.array(list(sums.values())))
+        sums = dict(zip(sums, np.asarray(gathered).sum(0).tolist(), strict=True))
+    return sums
+
+
+def evaluate(
+    run: build.Run, params: Any, *, max_examples: int = 0, examples: list | None = None
+) -> dict[str, float]:
+    """Teacher-forced loss/accuracy on the eval split, plus greedy exact match for seq2seq.
+
+    `examples` replaces the eval split (e.g. sampled LM windows); seq2seq runs then report no
+    BLEU, which needs the split's references.
+    """
+    references = run.examples.references if examples is None else None
+    if examples is None:
+        examples = run.examples.eval
+    examples = examples[:max_examples] if max_examples else examples
+    dataset = pipeline.make_dataset(
+        examples,
+        batch_size=run.config.train.eval_batch_size,
+        seed=0,
+        shuffle=False,
+        repeat=False,
+        drop_remainder=False,
+        shard_index=jax.process_index(),
+        shard_count=jax.process_count(),
+    )
+    totals: dict[str, Any] = {}
+    hypotheses: list[str] = []
+    for batch in dataset:
+        metrics = jax.device_get(run.eval_step(params, batch))
+        if run.examples.format == "seq2seq":
+            metrics.update(_greedy_exact_match(run, params, batch, hypotheses, references))
+        totals = {k: totals.get(k, 0.0) + np.asarray(v) for k, v in metrics.items()}
+    sums = host_sum(totals, across_hosts=True)
+    result = losses.summarize({k: v for k, v in sums.items() if not k.startswith("greedy_")})
+    if "greedy_correct" in sums:
+        result["greedy_exact_match"] = sums["greedy_correct"] / max(sums["greedy_count"], 1.0)
+    if references is not None and jax.process_count() == 1:
+        from tfjax.inference import evaluation  # sacrebleu: only runs that keep references
+
+        result["greedy_bleu"] = evaluation.bleu(hypotheses, references[: len(hypotheses)])
+    return result
+
+
+def _greedy_exact_match(
+    run: build.Run, params: Any, batch: dict[str, np.ndarray], hypotheses: list[str], references
+) -> dict:
+    """Greedy exact-match sums of a batch; appends the rows' detokenized outputs to `hypotheses`."""
+    predictions = np.asarray(run.greedy(params, batch["inputs"], batch["inputs_segment_ids"]))
+    targets, valid = batch["targets"], batch["targets_segment_ids"] > 0
+    rows = valid.any(axis=1)
+    correct = np.all((predictions == targets) | ~valid, axis=1) & np.all(
+        (predictions == 0) | valid, axis=1
+    )
+    if references is not None:
+        hypotheses += [run.examples.tokenizer.decode(row) for row in predictions[rows]]
+    return {"greedy_correct": float(np.sum(correct & rows)), "greedy_count": float(rows.sum())}
+
+
+EVAL_FILE = "eval.json"
+
+
+def _check_options(beam_size: int, alpha: float, max_examples: int, batch_size: int) -> None:
+    if beam_size < 1:
+        raise workdir_lib.WorkdirError(f"beam_size must be >= 1 (1 = greedy), got {beam_size}")
+    if alpha < 0:
+        raise workdir_lib.WorkdirError(f"alpha must be >= 0, got {alpha}")
+    if max_examples < 0:
+        raise workdir_lib.WorkdirError(f"max_examples must be >= 0 (0 = all), got {max_examples}")
+    if batch_size < 1:
+        raise workdir_lib.WorkdirError(f"batch_size must be >= 1, got {batch_size}")
+
+
+def _decoded_scores(trained, name: str, **options) -> dict[str, Any]:
+    """Decodes the split, writes the hypotheses file and scores it (BLEU, chrF, exact match)."""
+    from tfjax.inference import evaluation
+
+    hypotheses, references, _ = evaluation.decode_dataset(trained.run, trained.params, **options)
+    path = trained.workdir / "eval" / f"{name}.hyp.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{line}\n" for line in hypotheses), encoding="utf-8")
+    return {
+        "num_examples": len(hypotheses),
+        "bleu": evaluation.bleu(hypotheses, references),
+        "chrf": evaluation.chrf(hypotheses, references),
+        "exact_match": evaluation.exact_match(hypotheses, references),
+        "bleu_signature": evaluation.bleu_signature(),
+        "chrf_signature": evaluation.chrf_signature(),
+        "hypotheses": str(path.relative_to(trained.workdir)),
+    }
+
+
+def _sampled_windows(trained, count: int) -> dict[str, Any]:
+    """Text-stream LMs: the loss on `count` windows at random offsets (nanoGPT's estimate)."""
+    stream = trained.run.examples.eval_stream
+    if stream is None or not count:
+        return {}
+    length = trained.config.data.max_target_len
+    windows = datasets.sample_windows(stream, length, count, seed=0)
+    sampled = evaluate(trained.run, trained.params, examples=windows)
+    return {"sampled_windows": count, "sampled_nll": sampled["nll"]}
+
+
+def evaluate_workdir(
+    workdir: str | pathlib.Path,
+    *,
+    split: str | None = None,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    step: int | None = None,
+    max_examples: int = 0,
+    batch_size: int = 64,
+    average_last: int = 1,
+    sample_windows: int = 2400,
+) -> dict[str, Any]:
+    """Evaluates the run in `workdir` on a split; writes and returns the record.
+
+    Seq2seq runs: decodes the split (greedy for beam_size 1, else beam search with length
+    penalty `alpha`) and scores the detokenized hypotheses with sacreBLEU BLEU and chrF and exact
+    match, beside the teacher-forced metrics of `evaluate`. Other runs: the teacher-forced
+    metrics; text-stream LMs also `sampled_nll` over `sample_windows` random windows. The record
+    goes to `workdir/eval.json` and `workdir/eval/<split>_step<N>[_avgK][_beamB].json`.
+
+    Raises:
+        WorkdirError: for invalid options, or a workdir without a trained run.
+    """
+    _check_options(beam_size, alpha, max_examples, batch_size)
+    trained = workdir_lib.load(
+        workdir, tool="experiments.evaluate", step=step, split=split, average_last=average_last
+    )
+    split = trained.config.data.eval_split
+    scores = evaluate(trained.run, trained.params, max_examples=max_examples)
+    count = min(max_examples or len(trained.run.examples.eval), len(trained.run.examples.eval))
+    record = {"split": split, "step": trained.step, "num_examples": count}
+    name = f"{split}_step{trained.step}"
+    if average_last > 1:
+        record["averaged_checkpoints"] = average_last
+        name += f"_avg{average_last}"
+    if trained.run.examples.format == "seq2seq":
+        name += f"_beam{beam_size}"
+        scores["teacher_forced_exact_match"] = scores.pop("exact_match")
+        record.update(beam_size=beam_size, alpha=alpha)
+        options = dict(beam_size=beam_size, alpha=alpha, max_examples=max_examples)
+        record.update(_decoded_scores(trained, name, batch_size=batch_size, **options))
+    record.update(_sampled_windows(trained, sample_windows))
+    record.update(scores)
+    text = json.dumps(record, indent=2) + "\n"
+    (trained.workdir / "eval").mkdir(exist_ok=True)
+    (trained.workdir / "eval" / f"{name}.json").write_text(text, encoding="utf-8")
+    (trained.workdir / EVAL_FILE).write_text(text, encoding="utf-8")
+    return record
+
+
+def report(record: dict[str, Any]) -> str:
+    """The printed summary of a record: where, then the scores, then the sacreBLEU signatures."""
+    head = f"{record['split']} split, step {record['step']}, {record['num_examples']} examples"
+    if "beam_size" in record:
+        head += f", beam {record['beam_size']} (alpha {record['alpha']})"
+    numbers = {k: v for k, v in record.items() if isinstance(v, float) and k != "alpha"}
+    lines = [head, "  ".join(f"{k} {v:.4f}" for k, v in numbers.items())]
+    lines += [
+        f"{k}: {record[k]}"
+        for k in ("bleu_signature", "chrf_signature", "hypotheses")
+        if k in record
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,377 @@
+"""One road from a workdir to text: restore a trained run, encode, decode and detokenize.
+
+    from tfjax.runs import workdir
+    translator = workdir.load("runs/multi30k_cpu")          # encoder-decoder -> Translator
+    outputs, warnings = translator.translate(["A dog runs."], beam_size=4)
+    generator = workdir.load("runs/shakespeare_char_cpu")   # decoder-only -> Generator
+    texts, warnings = generator.generate(["ROMEO:"], max_length=200, temperature=0.8)
+
+`load` reads `config.json`, checks the model kind, rebuilds the run (model, tokenizer, data) and
+restores a checkpoint (the latest good one, a given step, or the average of the last N). The
+object it returns holds the run and its parameters and has `encode` (text → ids, with warnings
+for empty, too long or out-of-vocabulary input), `decode` (ids → ids, KV-cached greedy,
+sampling or beam search) and `detokenize` (ids → text), for every tokenizer kind (word, char,
+SentencePiece). `experiments.translate`, `experiments.generate` and `experiments.evaluate` are
+thin command-line wrappers over it. Every error a user can cause is a `WorkdirError` whose
+one-line message says what is wrong and what to run instead.
+"""
+
+import dataclasses
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tfjax.data import datasets, tokenizers
+from tfjax.inference import decoding, evaluation
+from tfjax.runs import build
+
+KINDS = ("encoder_decoder", "decoder_only", "encoder_only")
+# What each model kind is trained from, and which tool decodes it.
+TRAIN_EXAMPLES = {
+    "encoder_decoder": "configs/base.py:cpu",
+    "decoder_only": "configs/lm.py:cpu",
+    "encoder_only": "configs/classify.py:cpu",
+}
+TOOLS = {
+    "encoder_decoder": "experiments.translate",
+    "decoder_only": "experiments.generate",
+    "encoder_only": "experiments.evaluate",
+}
+
+
+class WorkdirError(ValueError):
+    """A request a workdir cannot serve; the message says why and what to do instead."""
+
+
+def _train_hint(workdir: pathlib.Path, kind: str) -> str:
+    return (
+        f"train one first, e.g. python -m experiments.train --config={TRAIN_EXAMPLES[kind]} "
+        f"--workdir={workdir} (rerunning that command resumes an interrupted run)"
+    )
+
+
+def load_config(workdir: str | pathlib.Path, *, kinds: Sequence[str] = KINDS, tool: str = ""):
+    """The resolved config of the run in `workdir`, checked to hold a model of `kinds`.
+
+    Args:
+        workdir: the run directory given to `experiments.train`.
+        kinds: the model kinds the caller can use.
+        tool: the caller, e.g. "experiments.translate", named in messages.
+
+    Returns:
+        The locked config read from `workdir/config.json`.
+
+    Raises:
+        WorkdirError: if the workdir holds no config or a model of another kind.
+    """
+    workdir = pathlib.Path(workdir)
+    path = workdir / "config.json"
+    if not path.is_file():
+        raise WorkdirError(
+            f"{workdir} holds no trained run ({path} is missing): {_train_hint(workdir, kinds[0])}"
+        )
+    config = build.load_config_json(path)
+    kind = config.model.kind
+    if kind not in kinds:
+        raise WorkdirError(
+            f"{workdir} holds a model of kind {kind}, but {tool or 'this'} needs one of kind "
+            f"{' or '.join(kinds)}: use python -m {TOOLS[kind]} --workdir={workdir}"
+        )
+    return config
+
+
+def _select_split(config, split: str | None) -> None:
+    """Points `config.data.eval_split` at `split`, checked against the dataset's splits."""
+    if split is None:
+        return
+    named = datasets.eval_splits(config.data.name)
+    allowed = tuple(dict.fromkeys((config.data.eval_split, *named, "train")))
+    if named and split not in allowed:
+        raise WorkdirError(f"unknown split {split!r}: choose one of {', '.join(allowed)}")
+    config.data.eval_split = split  # a locked config still takes new values for its keys
+
+
+@dataclasses.dataclass
+class Trained:
+    """A run restored from its workdir: the built run, its parameters and the checkpoint step.
+
+    Attributes:
+        run: `tfjax.runs.build.Run` (model, examples with the tokenizer, eval step, config).
+        params: the model parameters of the checkpoint.
+        step: the step the checkpoint was saved at.
+        workdir: where the run lives.
+    """
+
+    run: build.Run
+    params: Any
+    step: int
+    workdir: pathlib.Path
+
+    @property
+    def config(self):
+        return self.run.config
+
+    @property
+    def tokenizer(self) -> tokenizers.Tokenizer:
+        return self.run.examples.tokenizer
+
+    def detokenize(self, ids: Sequence[int] | np.ndarray) -> str:
+        """Text of token ids; decoding stops at the first EOS (any tokenizer kind)."""
+        return self.tokenizer.decode(ids)
+
+    def check_length(self, max_length: int, what: str = "max_length") -> None:
+        """Raises WorkdirError unless the model can decode `max_length` positions."""
+        try:
+            decoding.check_lengths(self.run.model, max_length)
+        except ValueError as err:
+            raise WorkdirError(f"{what}={max_length}: {err}") from err
+
+
+def unknown_words(text: str, tokenizer: tokenizers.Tokenizer) -> list[str]:
+    """The whitespace-separated words of `text` that encode to <unk> in part, any tokenizer.
+
+    Checked word by word, because a SentencePiece or character tokenizer gives a different
+    number of ids than there are words.
+    """
+    return sorted({w for w in text.split() if tokenizers.UNK_ID in tokenizer.encode(w)})
+
+
+class Translator(Trained):
+    """An encoder-decoder run: `translate` lines, or `encode` / `decode` / `detokenize`."""
+
+    def encode(self, lines: Sequence[str]) -> tuple[list[list[int] | None], list[str]]:
+        """Source ids of each line (EOS appended, truncated to fit), None for blank lines.
+
+        Returns:
+            (ids per line or None, warnings naming 1-based line numbers): a blank line, a line
+            longer than the model reads (`data.max_source_len`, EOS included; truncated to its
+            first ids), and the first line with words outside the vocabulary (read as <unk>).
+        """
+        limit = self.config.data.max_source_len
+        encoded, warnings, unknown_reported = [], [], False
+        for number, line in enumerate(lines, start=1):
+            if not line.split():
+                warnings.append(f"line {number} is empty: its output line is empty too")
+                encoded.append(None)
+                continue
+            ids = self.tokenizer.encode(line)
+            if tokenizers.UNK_ID in ids and not unknown_reported:
+                unknown_reported = True
+                warnings.append(
+                    f"line {number}: {', '.join(unknown_words(line, self.tokenizer))} not in the "
+                    "model's vocabulary, read as <unk> (reported for the first such line only)"
+                )
+            if len(ids) >= limit:
+                warnings.append(
+                    f"line {number} has {len(ids)} tokens, but the model reads at most "
+                    f"{limit - 1} (data.max_source_len={limit} with EOS): truncated to its "
+                    f"first {limit - 1} tokens"
+                )
+                ids = ids[: limit - 1]
+            encoded.append([*ids, tokenizers.EOS_ID])
+        return encoded, warnings
+
+    def decode(
+        self,
+        sources: Sequence[Sequence[int]],
+        *,
+        beam_size: int = 4,
+        alpha: float = 0.6,
+        max_length: int | None = None,
+        batch_size: int = 64,
+    ) -> list[str]:
+        """Detokenized translations of encoded sources (see `evaluation.decode_sources`)."""
+        if beam_size < 1 or batch_size < 1:
+            raise WorkdirError(
+                f"beam_size and batch_size must be >= 1, got {beam_size}, {batch_size}"
+            )
+        length = max_length or self.config.data.max_target_len
+        self.check_length(length)
+        options = dict(beam_size=beam_size, alpha=alpha, max_length=length, batch_size=batch_size)
+        return evaluation.decode_sources(self.run, self.params, sources, **options)
+
+    def translate(self, lines: Sequence[str], **options) -> tuple[list[str], list[str]]:
+        """One output per line, in order ("" for a blank line), and the warnings of `encode`.
+
+        `options` are those of `decode`.
+        """
+        encoded, warnings = self.encode(lines)
+        decoded = iter(self.decode([ids for ids in encoded if ids is not None], **options))
+        return ["" if ids is None else next(decoded) for ids in encoded], warnings
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+        raise WorkdirError(
+            "need temperature >= 0, top_k >= 0 and 0 < top_p <= 1, got "
+            f"{temperature}, {top_k}, {top_p}"
+        )
+
+
+class Generator(Trained):
+    """A decoder-only run: `generate` continuations, or `encode` / `decode` / `detokenize`."""
+
+    def encode(self, prompts: Sequence[str], max_length: int, *, past_trained: bool = False):
+        """Prompt ids as a right-padded batch.
+
+        Args:
+            prompts: texts to continue.
+            max_length: L, the (cached) sequence length to generate; every prompt must be
+                shorter.
+            past_trained: L is the trained length because the whole sequence goes past it
+                (changes the advice of the error for a prompt that is too long).
+
+        Returns:
+            (ids [B, P] int32 padded with 0, lengths [B] int32, warnings).
+
+        Raises:
+            WorkdirError: for no prompts or a prompt that leaves no room to generate.
+        """
+        if not prompts:
+            raise WorkdirError('no prompt given: pass at least one (--prompt="...")')
+        encoded = [self.tokenizer.encode(prompt) for prompt in prompts]
+        warnings = [
+            f"prompt {i}: {', '.join(unknown_words(p, self.tokenizer))} not in the "
+            "model's vocabulary, read as <unk>"
+            for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True), start=1)
+            if tokenizers.UNK_ID in ids
+        ]
+        for i, ids in enumerate(encoded, start=1):
+            if len(ids) < max_length:
+                continue
+            if past_trained:
+                raise WorkdirError(
+                    f"prompt {i} has {len(ids)} tokens, not fewer than the trained length "
+                    f"data.max_target_len={max_length}: shorten the prompt"
+                )
+            raise WorkdirError(
+                f"prompt {i} has {len(ids)} tokens, leaving no room in max_length={max_length} "
+                "(prompt plus continuation): raise max_length or shorten the prompt"
+            )
+        lengths = np.array([len(ids) for ids in encoded], np.int32)  # [B]
+        tokens = np.zeros((len(encoded), int(lengths.max())), np.int32)  # [B, P], P may be 0
+        for row, ids in zip(tokens, encoded, strict=True):
+            row[: len(ids)] = ids
+        return tokens, lengths, warnings
+
+    def decode(self, tokens, lengths, *, max_length: int, seed: int = 0, **sampling) -> np.ndarray:
+        """Prompt plus continuation ids [B, L] (0 after EOS); `sampling`: temperature, top_k, top_p.
+
+        Up to the trained length (`data.max_target_len`) decoding is KV-cached; past it each
+        token is predicted from BOS and the last `max_target_len - 1` tokens, recomputed without
+        a cache (`decoding.generate_sliding`), as nanoGPT samples past its block size.
+        """
+        import jax
+
+        trained = self.config.data.max_target_len
+        cached_length = min(max_length, trained)
+        model, eos, bos = self.run.model, tokenizers.EOS_ID, self.run.model_config.bos_id
+
+        def run(params, tokens, lengths, rng):
+            generated = decoding.generate(
+                model,
+                params,
+                prompts=tokens,
+                prompt_lengths=lengths,
+                rng=rng,
+                eos_id=eos,
+                bos_id=bos,
+                max_length=cached_length,
+                **sampling,
+            )  # [B, L]: prompt + continuation, 0 after EOS
+            if max_length == cached_length:
+                return generated
+            return decoding.generate_sliding(
+                model,
+                params,
+                generated,
+                max_length=max_length,
+                context=trained - 1,
+                eos_id=eos,
+                rng=rng,
+                **sampling,
+            )  # generate folds in steps t < cached_length, this one t >= it
+
+        rng = jax.random.key(seed)
+        return np.asarray(jax.device_get(jax.jit(run)(self.params, tokens, lengths, rng)))
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        max_length: int | None = None,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> tuple[list[str], list[str]]:
+        """One continuation per prompt (the text after it, up to EOS), and warnings.
+
+        `max_length` is the whole sequence, prompt plus continuation including EOS (default:
+        the trained length); temperature 0 is greedy.
+        """
+        check_sampling(temperature, top_k, top_p)
+        trained = self.config.data.max_target_len
+        length = max_length or trained
+        cached_length = min(length, trained)  # past it, a window of the trained length slides
+        self.check_length(cached_length)
+        tokens, lengths, warnings = self.encode(
+            prompts, cached_length, past_trained=length > trained
+        )
+        generated = self.decode(
+            tokens,
+            lengths,
+            max_length=length,
+            seed=seed,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+        )
+        return [
+            self.detokenize(row[n:]) for row, n in zip(generated, lengths, strict=True)
+        ], warnings
+
+
+_CLASSES = {"encoder_decoder": Translator, "decoder_only": Generator, "encoder_only": Trained}
+
+
+def load(
+    workdir: str | pathlib.Path,
+    *,
+    kinds: Sequence[str] = KINDS,
+    tool: str = "",
+    step: int | None = None,
+    split: str | None = None,
+    average_last: int = 1,
+) -> Trained:
+    """Restores the run in `workdir`: a `Translator`, `Generator` or (encoder-only) `Trained`.
+
+    Args:
+        workdir, kinds, tool: see `load_config`.
+        step: the checkpoint step (None: the latest good one).
+        split: the examples `run.examples.eval` holds: the config's `data.eval_split` (None
+            means that one), another split of the dataset (e.g. "test2016") or "train".
+        average_last: average the parameters of the last N checkpoints (1 = no averaging).
+
+    Raises:
+        WorkdirError: for a missing config or checkpoint, a model of another kind, an unknown
+            split, or averaging that cannot be done.
+    """
+    workdir = pathlib.Path(workdir)
+    if average_last < 1:
+        raise WorkdirError(f"average_last must be >= 1 (1 = no averaging), got {average_last}")
+    config = load_config(workdir, kinds=kinds, tool=tool)
+    _select_split(config, split)
+    try:
+        run, restored = build.restore(config, workdir, step, average_last=average_last)
+    except ValueError as err:
+        raise WorkdirError(str(err)) from err
+    except FileNotFoundError as err:
+        raise WorkdirError(
+            f"{workdir / 'checkpoints'} holds no checkpoint: "
+            + _train_hint(workdir, config.model.kind)
+        ) from err
+    cls = _CLASSES[config.model.kind]
+    return cls(run, restored.state.params, restored.step, workdir)
