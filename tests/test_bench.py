@@ -1,8 +1,9 @@
-"""Tests of the benchmark harness (`experiments/bench.py`) and its torch peer (`bench_torch.py`).
+"""Tests of the benchmark harness (`experiments/bench/`) and its torch peer (`torch_peer.py`).
 
 Only tiny shapes: the benchmark shape itself is never run here.
 """
 
+import importlib
 import math
 import sys
 
@@ -10,12 +11,12 @@ import jax
 import jax.extend
 import numpy as np
 import pytest
-from absl import app
+from absl import app, flags
 
-from experiments import bench, bench_torch
+from experiments.bench import mfu, suite, timing, torch_peer, train, workload
 from tfjax import models
 
-# V, D, 1 + 1 layers, B = 2, S = L = 8: the same fields as `bench.SHAPE`.
+# V, D, 1 + 1 layers, B = 2, S = L = 8: the same fields as `workload.SHAPE`.
 TINY = dict(
     vocab_size=50,
     embed_dim=16,
@@ -32,28 +33,43 @@ TINY = dict(
 
 @pytest.mark.parametrize("peer", ["", "torch"])
 def test_check_peer_accepts_known_peers(peer):
-    bench.check_peer(peer, ["train", "decode"])
+    suite.check_peer(peer, ["train", "decode"])
 
 
 @pytest.mark.parametrize("peer", ["jax", "Torch", "tensorflow"])
 def test_check_peer_rejects_unknown_peers(peer):
     with pytest.raises(app.UsageError, match="torch"):
-        bench.check_peer(peer, ["train"])
+        suite.check_peer(peer, ["train"])
 
 
 def test_check_peer_needs_the_train_bench():
     with pytest.raises(app.UsageError, match="train"):
-        bench.check_peer("torch", ["decode"])
+        suite.check_peer("torch", ["decode"])
+
+
+@pytest.mark.parametrize(
+    "benches, warmup, match",
+    [(["train", "speed"], 1, "speed"), (["decode"], 0, "warmup")],
+)
+def test_check_options_rejects_unknown_benches_and_no_warmup(benches, warmup, match):
+    with pytest.raises(app.UsageError, match=match):
+        suite.check_options(benches, "", warmup)
+
+
+def test_importing_the_command_line_defines_no_flags():
+    # `python -m experiments.bench` defines them; an import (tests, Colab) must not.
+    importlib.import_module("experiments.bench.__main__")
+    assert "repeats" not in flags.FLAGS and "bench" not in flags.FLAGS
 
 
 def test_require_torch_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     with pytest.raises(ImportError, match=r"\.\[parity\]"):
-        bench_torch.require_torch()
+        torch_peer.require_torch()
 
 
 def test_batch_ids_and_segments():
-    data = bench._batch(TINY["batch"], TINY)
+    data = workload.random_batch(TINY["batch"], TINY)
     assert data["inputs"].shape == (2, 8) and data["targets"].shape == (2, 8)
     for key in ("inputs", "targets"):
         assert data[key].dtype == np.int32
@@ -62,7 +78,7 @@ def test_batch_ids_and_segments():
 
 
 def test_sinusoid_table_matches_the_paper():
-    table = bench_torch.sinusoid_table(5, 8)  # [L, D]
+    table = torch_peer.sinusoid_table(5, 8)  # [L, D]
     for pos in range(5):
         for i in range(4):
             angle = pos / 10000 ** (2 * i / 8)
@@ -78,7 +94,7 @@ def test_torch_has_final_norms_on_top_of_tfjax_parameters():
     params = jax.eval_shape(model.init, jax.random.key(0), tokens, tokens)["params"]
     tfjax_count = sum(x.size for x in jax.tree.leaves(params))
     # Two extra LayerNorms (scale and bias of width D) end torch's encoder and decoder stacks.
-    assert bench_torch.num_params(TINY) == tfjax_count + 4 * TINY["embed_dim"]
+    assert torch_peer.num_params(TINY) == tfjax_count + 4 * TINY["embed_dim"]
 
 
 @pytest.fixture
@@ -93,7 +109,9 @@ def one_torch_thread():
 
 
 def test_torch_train_step_loss_is_finite_and_decreases(one_torch_thread):
-    step = bench_torch.make_train_step(TINY, bench._batch(TINY["batch"], TINY), learning_rate=3e-3)
+    step = torch_peer.make_train_step(
+        TINY, workload.random_batch(TINY["batch"], TINY), learning_rate=3e-3
+    )
     losses = [step() for _ in range(20)]
     assert all(isinstance(loss, float) and math.isfinite(loss) for loss in losses)
     assert np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.5, losses
@@ -101,7 +119,7 @@ def test_torch_train_step_loss_is_finite_and_decreases(one_torch_thread):
 
 def test_time_pairs_alternates_order():
     calls = []
-    first, times, peer_times = bench._time_pairs(
+    first, times, peer_times = timing.time_pairs(
         lambda: calls.append("tfjax"), lambda: calls.append("peer"), repeats=3
     )
     # Warm-up of each, then pairs: tfjax first in even pairs, the peer first in odd ones.
@@ -127,25 +145,25 @@ def _dot_flops(jaxpr) -> int:
 @pytest.mark.parametrize("shape", [TINY, dict(TINY, source_len=12, num_layers=2, mlp_dim=24)])
 def test_train_flops_formula_counts_the_model_matmuls(shape):
     # Independent count: every dot_general of the forward pass's jaxpr, times 3 (fwd + bwd).
-    model = bench._model("float32", shape)
-    data = bench._batch(shape["batch"], shape)
+    model = workload.create_model("float32", shape)
+    data = workload.random_batch(shape["batch"], shape)
     inputs, targets = jax.numpy.asarray(data["inputs"]), jax.numpy.asarray(data["targets"])
     params = model.init(jax.random.key(0), inputs, targets)
     jaxpr = jax.make_jaxpr(model.apply)(params, inputs, targets)
     counted = 3 * _dot_flops(jaxpr.jaxpr)
-    flops, formula = bench.train_flops(shape["batch"], shape)
+    flops, formula = mfu.train_flops(shape["batch"], shape)
     assert flops == counted and "3 * B" in formula
 
 
 def test_large_shape_is_the_accelerator_benchmark_of_the_issue():
-    large = bench.SHAPES["large"]
+    large = workload.SHAPES["large"]
     assert (large["embed_dim"], large["batch"], large["source_len"], large["target_len"]) == (
         1024,
         64,
         256,
         256,
     )
-    models.ModelConfig(**bench._model_fields(large))  # a valid model config
+    models.ModelConfig(**workload.model_fields(large))  # a valid model config
 
 
 @pytest.mark.parametrize(
@@ -161,31 +179,31 @@ def test_large_shape_is_the_accelerator_benchmark_of_the_issue():
     ],
 )
 def test_datasheet_peak_lookup(kind, dtype, want):
-    assert bench.datasheet_peak(kind, dtype) == want
+    assert mfu.datasheet_peak(kind, dtype) == want
 
 
 def test_ceiling_size_by_platform():
-    assert bench.ceiling_size("cpu") == 2048 and bench.ceiling_size("gpu") == 8192
+    assert mfu.ceiling_size("cpu") == 2048 and mfu.ceiling_size("gpu") == 8192
 
 
 def test_peer_device_follows_jax():
-    assert bench.peer_device("gpu") == "cuda" and bench.peer_device("cpu") == "cpu"
+    assert train.peer_device("gpu") == "cuda" and train.peer_device("cpu") == "cpu"
 
 
 def test_torch_peer_rejects_unknown_dtype_and_device():
     pytest.importorskip("torch", reason="the torch peer needs the 'parity' extra")
     with pytest.raises(ValueError, match="float32"):
-        bench_torch.check_device("cpu", "int8")
+        torch_peer.check_device("cpu", "int8")
     with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
-        bench_torch.check_device("mps", "float32")
+        torch_peer.check_device("mps", "float32")
 
 
 def test_torch_peer_bf16_autocast_step_runs(one_torch_thread):
-    step = bench_torch.make_train_step(TINY, bench._batch(2, TINY), dtype="bfloat16")
+    step = torch_peer.make_train_step(TINY, workload.random_batch(2, TINY), dtype="bfloat16")
     assert math.isfinite(step())
 
 
 def test_time_pairs_warms_each_side_up():
     calls = []
-    bench._time_pairs(lambda: calls.append("t"), lambda: calls.append("p"), repeats=2, warmup=3)
+    timing.time_pairs(lambda: calls.append("t"), lambda: calls.append("p"), repeats=2, warmup=3)
     assert calls[:6] == ["t", "t", "t", "p", "p", "p"] and len(calls) == 10

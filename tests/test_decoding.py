@@ -231,6 +231,17 @@ def test_sampling_top_k_1_is_greedy():
     )
 
 
+def test_choose_fn_folds_the_step_into_the_key_and_passes_the_filters():
+    logits = jax.random.normal(jax.random.key(0), (4, 20))
+    rng, options = jax.random.key(5), dict(temperature=0.7, top_k=3, top_p=0.9)
+    choose = decoding.make_choose_fn(rng=rng, **options)
+    for t in (0, 3):
+        want = decoding.sample_logits(logits, jax.random.fold_in(rng, t), **options)
+        np.testing.assert_array_equal(choose(logits, t), want)
+    greedy = decoding.make_choose_fn(temperature=0.0, top_k=0, top_p=1.0, rng=None)
+    np.testing.assert_array_equal(greedy(logits, 2), jnp.argmax(logits, axis=-1))
+
+
 def test_sampling_is_seeded():
     model, params = _model("decoder_only", positional="rotary")
     sample = _jit_generate(model, max_length=10, eos_id=NO_EOS, temperature=2.0, top_p=0.95)

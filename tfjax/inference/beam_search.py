@@ -174,6 +174,49 @@ def _initial_state(logits: Array, cache: Any, beam_size: int, max_length: int) -
     )
 
 
+def _start_search(
+    model: nn.Module,
+    params: Any,
+    inputs: Int[Array, "B S"],
+    inputs_segment_ids: Int[Array, "B S"] | None,
+    *,
+    beam_size: int,
+    max_length: int,
+    bos_id: int | None,
+) -> tuple[BeamState, decoding.StepFn]:
+    """Encodes each source once and feeds BOS, then tiles the result to W beams per source.
+
+    Returns:
+      (the initial `BeamState`, step_fn over the B * W beams (rows b * W + i)).
+    """
+    bos_id = model.config.bos_id if bos_id is None else bos_id
+    logits, cache = decoding.first_step(
+        model,
+        params,
+        batch_size=inputs.shape[0],
+        max_length=max_length,
+        bos_id=bos_id,
+        inputs=inputs,
+        inputs_segment_ids=inputs_segment_ids,
+    )
+    beam_segment_ids = None if inputs_segment_ids is None else _tile(inputs_segment_ids, beam_size)
+    step_fn = decoding.make_step_fn(model, params, beam_segment_ids)
+    return _initial_state(logits, cache, beam_size, max_length), step_fn
+
+
+def _advance(
+    state: BeamState, step_fn: decoding.StepFn, *, eos_id: int, alpha: float, max_length: int
+) -> BeamState:
+    """One loop iteration: `beam_step`, then the kept tokens through the reordered cache."""
+    state, parent, token = beam_step(state, eos_id=eos_id, alpha=alpha)
+    cache = reorder_cache(state.cache, parent)
+    t = state.t - 1  # the step just taken (beam_step has counted it)
+    logits, cache = decoding.next_step(
+        step_fn, t, max_length, token.reshape(-1), state.logits, cache
+    )
+    return state._replace(cache=cache, logits=logits)
+
+
 def beam_search(
     model: nn.Module,
     params: Any,
@@ -208,32 +251,19 @@ def beam_search(
     """
     decoding.check_model(model, ("encoder_decoder",), max_length)
     _check_options(beam_size, alpha, num_return)
-    bos_id = model.config.bos_id if bos_id is None else bos_id
-    logits, cache = decoding.first_step(
+    state, step_fn = _start_search(
         model,
         params,
-        batch_size=inputs.shape[0],
+        inputs,
+        inputs_segment_ids,
+        beam_size=beam_size,
         max_length=max_length,
         bos_id=bos_id,
-        inputs=inputs,
-        inputs_segment_ids=inputs_segment_ids,
     )
-    beam_segment_ids = None if inputs_segment_ids is None else _tile(inputs_segment_ids, beam_size)
-    step_fn = decoding.make_step_fn(model, params, beam_segment_ids)
-
-    def body(state: BeamState) -> BeamState:
-        state, parent, token = beam_step(state, eos_id=eos_id, alpha=alpha)
-        cache = reorder_cache(state.cache, parent)
-        t = state.t - 1
-        logits, cache = decoding.next_step(
-            step_fn, t, max_length, token.reshape(-1), state.logits, cache
-        )
-        return state._replace(cache=cache, logits=logits)
-
     state = jax.lax.while_loop(
         lambda state: should_continue(state, max_length=max_length, alpha=alpha),
-        body,
-        _initial_state(logits, cache, beam_size, max_length),
+        lambda state: _advance(state, step_fn, eos_id=eos_id, alpha=alpha, max_length=max_length),
+        state,
     )
     return finalise(state, num_return=num_return, alpha=alpha)
 

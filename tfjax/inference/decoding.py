@@ -5,8 +5,8 @@
 - `decode_loop`, `generate`: greedy (temperature 0) or sampled generation in one
   `lax.while_loop` over the cache (Vaswani et al. 2017, §3.2.3, one position at a time);
   encoder-decoder models translate `inputs`, decoder-only models continue `prompts`.
-- `filter_top_k`, `filter_top_p`, `sample_logits`: pure sampling helpers (top-k: Fan et al.
-  2018, §5.4; nucleus / top-p: Holtzman et al. 2020, §3.1).
+- `filter_top_k`, `filter_top_p`, `sample_logits`, `make_choose_fn`: pure sampling helpers
+  (top-k: Fan et al. 2018, §5.4; nucleus / top-p: Holtzman et al. 2020, §3.1).
 - `greedy_decode` recomputes the decoder over the whole prefix at every step (O(L^2) work); it
   serves evaluation during training and is the reference for the cached decoder.
 Beam search lives in `tfjax.inference.beam_search`. Everything here is traceable: jit it with
@@ -222,6 +222,21 @@ def sample_logits(
     return jax.random.categorical(rng, scaled, axis=-1).astype(jnp.int32)
 
 
+def make_choose_fn(
+    *, temperature: float, top_k: int, top_p: float, rng: Array | None
+) -> Callable[[Array, Array], Array]:
+    """choose(logits [B, V], t) -> tokens [B] int32, `decode_loop`'s token choice.
+
+    Argmax when temperature is 0, else `sample_logits` with the key `fold_in(rng, t)`.
+    """
+    sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k, top_p=top_p)
+
+    def choose(logits, t):
+        return sample(logits, None if rng is None else jax.random.fold_in(rng, t))
+
+    return choose
+
+
 # ---------------------------------------------------------------------------------------------
 # The loop.
 
@@ -297,6 +312,45 @@ def decode_loop(
     return jax.lax.while_loop(cond, body, state)[1]
 
 
+def _check_generate_inputs(
+    kind: str, inputs: Int[Array, "B S"] | None, prompts: Int[Array, "B P"] | None
+) -> None:
+    """ValueError unless an encoder-decoder gets `inputs` alone, a decoder-only `prompts` alone."""
+    if kind == "encoder_decoder" and (inputs is None or prompts is not None):
+        raise ValueError("an encoder-decoder model needs `inputs` and no `prompts`")
+    if kind == "decoder_only" and (prompts is None or inputs is not None):
+        raise ValueError("a decoder-only model needs `prompts` ([B, 0] for none) and no `inputs`")
+
+
+def _start_generation(
+    model: nn.Module,
+    params: Any,
+    *,
+    max_length: int,
+    bos_id: int | None,
+    inputs: Int[Array, "B S"] | None,
+    inputs_segment_ids: Int[Array, "B S"] | None,
+    prompts: Int[Array, "B P"] | None,
+) -> tuple[StepFn, Any, Float[Array, "B V"]]:
+    """Encodes the sources (if any) and feeds BOS: (step_fn, cache, logits of position 0).
+
+    B is the row count of `inputs` or, for a decoder-only model, of `prompts`; `bos_id` None
+    means `model.config.bos_id`.
+    """
+    bos_id = model.config.bos_id if bos_id is None else bos_id
+    batch = (inputs if prompts is None else prompts).shape[0]
+    logits, cache = first_step(
+        model,
+        params,
+        batch_size=batch,
+        max_length=max_length,
+        bos_id=bos_id,
+        inputs=inputs,
+        inputs_segment_ids=inputs_segment_ids,
+    )
+    return make_step_fn(model, params, inputs_segment_ids), cache, logits
+
+
 def generate(
     model: nn.Module,
     params: Any,
@@ -337,33 +391,23 @@ def generate(
     """
     kind = check_model(model, ("encoder_decoder", "decoder_only"), max_length)
     _check_sampling(temperature, top_k, top_p, rng)
-    if kind == "encoder_decoder" and (inputs is None or prompts is not None):
-        raise ValueError("an encoder-decoder model needs `inputs` and no `prompts`")
-    if kind == "decoder_only" and (prompts is None or inputs is not None):
-        raise ValueError("a decoder-only model needs `prompts` ([B, 0] for none) and no `inputs`")
-    bos_id = model.config.bos_id if bos_id is None else bos_id
-    batch = (inputs if prompts is None else prompts).shape[0]
-    logits, cache = first_step(
+    _check_generate_inputs(kind, inputs, prompts)
+    step_fn, cache, logits = _start_generation(
         model,
         params,
-        batch_size=batch,
         max_length=max_length,
         bos_id=bos_id,
         inputs=inputs,
         inputs_segment_ids=inputs_segment_ids,
+        prompts=prompts,
     )
-    sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k, top_p=top_p)
-
-    def choose(logits, t):
-        return sample(logits, None if rng is None else jax.random.fold_in(rng, t))
-
     return decode_loop(
-        make_step_fn(model, params, inputs_segment_ids),
+        step_fn,
         cache,
         logits,
         max_length=max_length,
         eos_id=eos_id,
-        choose=choose,
+        choose=make_choose_fn(temperature=temperature, top_k=top_k, top_p=top_p, rng=rng),
         prompts=prompts,
         prompt_lengths=prompt_lengths,
     )

@@ -86,7 +86,7 @@ def sinusoid_table(length: int, dim: int) -> np.ndarray:
 def build_model(shape: dict):
     """ModuleDict with "embed" (nn.Embedding [V, D]), "transformer" and "dropout", in train mode.
 
-    `shape` holds the benchmark's model fields (`experiments.bench.SHAPE`).
+    `shape` holds the benchmark's model fields (`workload.SHAPE`).
     """
     torch = require_torch()
     d = shape["embed_dim"]
@@ -133,8 +133,8 @@ def _paper_lr(d: int):
 
 
 def _tensors(shape: dict, batch: dict, device: str = "cpu") -> dict:
-    """Torch tensors on `device` of a `bench._batch` dict: ids, shifted decoder inputs, labels,
-    masks."""
+    """Torch tensors on `device` of a `workload.random_batch` dict: ids, shifted decoder inputs,
+    labels, masks."""
     torch = require_torch()
     inputs, targets = batch["inputs"], batch["targets"]  # [B, S], [B, L] int32
     src_seg, tgt_seg = batch["inputs_segment_ids"], batch["targets_segment_ids"]
@@ -194,8 +194,8 @@ def make_train_step(
     """A closure doing one full train step on `batch`; returns the loss as a Python float.
 
     Args:
-      shape: the benchmark's model fields (`experiments.bench.SHAPE`).
-      batch: a `experiments.bench._batch` dict: "inputs" [B, S], "targets" [B, L] and their
+      shape: the benchmark's model fields (`workload.SHAPE`).
+      batch: a `workload.random_batch` dict: "inputs" [B, S], "targets" [B, L] and their
         segment ids (0 = padding), int32 numpy.
       learning_rate: None = the paper schedule (what tfjax's benchmark uses); a float = constant.
       seed: torch's global seed, set here for the initialisation and the dropout masks.

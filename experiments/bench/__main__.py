@@ -1,0 +1,90 @@
+"""Benchmarks: `python -m experiments.bench [--bench=train,decode] [--repeats=5] [--peer=torch]`.
+
+Prints one JSON line per sub-benchmark (`train`, `decode`, `attention`; see their modules in
+`experiments/bench/`). `--shape=large --dtype=bfloat16` is the accelerator benchmark;
+`--peer=torch` (needs the `parity` extra: `pip install -e ".[parity]"`) times torch.nn.Transformer
+beside tfjax's train step, in alternating pairs. Where JAX computes on the CPU alone the harness
+first tunes glibc malloc for the whole process, both sides included (`tfjax.training.runtime`;
+`host_malloc` in the output says so); `--notune_malloc` measures with glibc's defaults.
+"""
+
+import json
+import sys
+
+from absl import app, flags
+
+from experiments.bench import suite, workload
+from tfjax.training import runtime
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+    flags.DEFINE_list("bench", ["train", "decode"], f"Sub-benchmarks to run, from {suite.BENCHES}.")
+    flags.DEFINE_integer("repeats", 5, "Timed repeats after the warm-up.")
+    flags.DEFINE_integer("warmup", 1, "Untimed calls of each side first (the first compiles).")
+    flags.DEFINE_enum(
+        "shape", "base", list(workload.SHAPES), "Model and batch shape: base or large."
+    )
+    flags.DEFINE_integer("batch", None, "Batch size (default: the shape's).")
+    flags.DEFINE_string("dtype", "float32", "Compute dtype (bfloat16 on accelerators).")
+    flags.DEFINE_enum(
+        "attention_impl",
+        "auto",
+        ["auto", "xla", "cudnn", "reference"],
+        "ModelConfig.attention_impl of the benchmarked model (cudnn: NVIDIA GPUs, bf16).",
+    )
+    flags.DEFINE_enum(
+        "prng_impl",
+        None,
+        ["threefry2x32", "rbg", "unsafe_rbg"],
+        "PRNG implementation of the train step's dropout key (default: JAX's default).",
+    )
+    flags.DEFINE_float(
+        "peak_flops",
+        None,
+        "The device's peak FLOP/s in the compute dtype, for mfu_vs_peak "
+        "(default: the datasheet figure of experiments.bench.mfu.PEAK_FLOPS when the device is "
+        "listed there).",
+    )
+    flags.DEFINE_string(
+        "peer", "", f"Framework timed beside tfjax in `train`: '' or one of {suite.PEERS}."
+    )
+    flags.DEFINE_bool(
+        "tune_malloc",
+        None,
+        "Keep XLA's per-step buffers resident (tfjax.training.runtime.tune_glibc_malloc) before "
+        "anything runs; applies to the whole process, so to the peer too. Default: on where JAX "
+        "computes on the CPU alone and the C library is glibc "
+        "(tfjax.training.runtime.should_tune_malloc); --notune_malloc to measure glibc's "
+        "defaults. The JSON's host_malloc says which.",
+    )
+
+
+def main(argv):
+    del argv
+    if runtime.should_tune_malloc(FLAGS.tune_malloc):
+        runtime.tune_glibc_malloc()  # before the first JAX computation (see tfjax.training.runtime)
+    try:
+        suite.check_options(FLAGS.bench, FLAGS.peer, FLAGS.warmup)
+    except ImportError as error:  # --peer=torch without torch: say how to install it
+        sys.exit(str(error))
+    results = suite.run(
+        FLAGS.bench,
+        shape_name=FLAGS.shape,
+        batch=FLAGS.batch,
+        dtype=FLAGS.dtype,
+        repeats=FLAGS.repeats,
+        warmup=FLAGS.warmup,
+        peer=FLAGS.peer,
+        attention_impl=FLAGS.attention_impl,
+        peak_flops=FLAGS.peak_flops,
+        prng_impl=FLAGS.prng_impl,
+    )
+    for result in results:
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    _define_flags()
+    app.run(main, argv=sys.argv)

@@ -1,0 +1,72 @@
+"""The `decode` sub-benchmark: generated tokens/s of three decoders on the benchmark model.
+
+Each variant generates `target_len` tokens per source with EOS disabled, so that every variant
+does the same work: KV-cached greedy (`decoding.generate`), uncached greedy recomputing the
+prefix at every step (`decoding.greedy_decode`) and beam search with 4 beams
+(`beam_search.beam_search`). `cached_speedup` is cached over uncached greedy tokens/s.
+"""
+
+import statistics
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from flax import linen as nn
+
+from experiments.bench import timing, workload
+from tfjax.inference import beam_search, decoding
+
+NO_EOS = -1  # never produced: every variant generates exactly `target_len` tokens
+BEAM_SIZE = 4
+
+
+def _variants(
+    model: nn.Module, src: np.ndarray, seg: np.ndarray, length: int
+) -> dict[str, Callable]:
+    """name -> jitted `fn(params)` decoding the sources `src` [B, S] (segment ids `seg` [B, S],
+    int32) to `length` tokens each."""
+    return {
+        "greedy_cached": jax.jit(
+            lambda p: decoding.generate(
+                model, p, inputs=src, inputs_segment_ids=seg, max_length=length, eos_id=NO_EOS
+            )
+        ),
+        "greedy_uncached": jax.jit(
+            lambda p: decoding.greedy_decode(
+                model, p, src, inputs_segment_ids=seg, max_length=length, eos_id=NO_EOS
+            )
+        ),
+        "beam4": jax.jit(
+            lambda p: beam_search.beam_search(
+                model,
+                p,
+                src,
+                inputs_segment_ids=seg,
+                beam_size=BEAM_SIZE,
+                max_length=length,
+                eos_id=NO_EOS,
+            )
+        ),
+    }
+
+
+def bench_decode(
+    repeats: int, batch: int, dtype: str, shape: dict = workload.SHAPE, warmup: int = 1
+) -> dict:
+    """Generated tokens/s and compile time of each decoder (see the module docstring)."""
+    model = workload.create_model(dtype, shape)
+    data = workload.random_batch(batch, shape)
+    params = jax.jit(model.init)(jax.random.key(0), data["inputs"], data["targets"])["params"]
+    length = shape["target_len"]
+    variants = _variants(model, data["inputs"], data["inputs_segment_ids"], length)
+    out = {"bench": "decode", "generated_tokens": batch * length}
+    for name, fn in variants.items():
+        first, times = timing.time_calls(lambda fn=fn: fn(params), repeats, warmup)
+        out[name] = {
+            "generated_tokens_per_second": timing.rates(batch * length, times),
+            "compile_seconds": first - statistics.median(times),
+        }
+    cached = out["greedy_cached"]["generated_tokens_per_second"]["median"]
+    uncached = out["greedy_uncached"]["generated_tokens_per_second"]["median"]
+    out["cached_speedup"] = cached / uncached
+    return out

@@ -1,0 +1,96 @@
+"""The sub-benchmarks by name: option checks, and one result dict per sub-benchmark run.
+
+Every result gets the same trailing fields: the shape (with batch, dtype and shape name), the
+process's peak resident memory, the device allocator's peak (`device_peak_bytes`, GPU and TPU)
+and the environment (`environment.describe`: jax/flax versions, device, allocator).
+"""
+
+import functools
+import os
+from collections.abc import Iterator
+
+from absl import app
+
+from experiments.bench import attention, decode, environment, torch_peer, train, workload
+
+BENCHES = ("train", "decode", "attention")
+PEERS = ("torch",)
+
+
+def check_peer(peer: str, benches: list[str]) -> None:
+    """Raises app.UsageError unless `peer` is '' or one of PEERS, with `train` among `benches`."""
+    if peer and peer not in PEERS:
+        raise app.UsageError(f"unknown --peer={peer!r}; choose '' (none) or one of {PEERS}")
+    if peer and "train" not in benches:
+        raise app.UsageError(f"--peer={peer} compares the train bench: add train to --bench")
+
+
+def check_options(benches: list[str], peer: str, warmup: int) -> None:
+    """Raises app.UsageError for an unknown bench or peer or warmup < 1, in that order.
+
+    Raises:
+      app.UsageError: as above.
+      ImportError: (before the warmup check) when `peer` is set and torch is not installed.
+    """
+    unknown = set(benches) - set(BENCHES)
+    if unknown:
+        raise app.UsageError(f"unknown --bench {sorted(unknown)}; choose from {BENCHES}")
+    check_peer(peer, benches)
+    if peer:
+        torch_peer.require_torch()
+    if warmup < 1:
+        raise app.UsageError(f"--warmup={warmup}: at least 1 (the first call compiles)")
+
+
+def run(
+    benches: list[str],
+    *,
+    shape_name: str,
+    batch: int | None,
+    dtype: str,
+    repeats: int,
+    warmup: int,
+    peer: str = "",
+    attention_impl: str = "auto",
+    peak_flops: float | None = None,
+    prng_impl: str | None = None,
+) -> Iterator[dict]:
+    """Runs `benches` in order, yielding each one's result as soon as it is complete.
+
+    Args:
+      benches: names from BENCHES.
+      shape_name: a key of `workload.SHAPES`.
+      batch: batch size; None = the shape's.
+      dtype: compute dtype.
+      repeats, warmup: timed and untimed calls per measurement.
+      peer, attention_impl, peak_flops, prng_impl: options of `train.bench_train`.
+    """
+    model_shape = workload.SHAPES[shape_name]
+    batch = model_shape["batch"] if batch is None else batch
+    if peer and "train" in benches:
+        # JAX takes 75% of a GPU's memory at start-up; leave the peer room (no effect on CPU).
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.45")
+    env = environment.describe()  # initialises JAX's backends: after the memory fraction
+    shape = {**model_shape, "batch": batch, "dtype": dtype, "name": shape_name}
+    common = dict(shape=model_shape, warmup=warmup)
+    runners = {
+        "train": functools.partial(
+            train.bench_train,
+            peer=peer,
+            attention_impl=attention_impl,
+            peak_flops=peak_flops,
+            prng_impl=prng_impl,
+            **common,
+        ),
+        "decode": functools.partial(decode.bench_decode, **common),
+        "attention": functools.partial(attention.bench_attention, warmup=warmup),
+    }
+    for name in benches:
+        result = runners[name](repeats, batch, dtype)
+        result.update(
+            shape=shape,
+            peak_rss_bytes=environment.peak_rss_bytes(),
+            device_peak_bytes=environment.device_peak_bytes(),
+            **env,
+        )
+        yield result

@@ -1,0 +1,111 @@
+"""The `train` sub-benchmark: tfjax train-step throughput and MFU, optionally beside torch.
+
+The line reports target tokens/s (median, min, max over the timed steps), compile time, model
+FLOPs per step (formula in the output) and model FLOPs utilisation against the host's measured
+matmul ceiling (`mfu`) and against the device's datasheet peak (`mfu_vs_peak`; see `mfu.py`).
+
+With `peer="torch"`, PyTorch's `torch.nn.Transformer` (`torch_peer.py`) runs in the same process
+on the same shape and batch (on the GPU when JAX computes on one, under `torch.autocast` when
+the dtype is 16-bit), and the line gets a `peer` object. After `warmup` untimed steps of each
+side (tfjax's first includes compilation), `repeats` pairs are timed; each pair times exactly
+one train step of each side, one call at a time (tfjax's synchronised with
+`jax.block_until_ready`, torch's by `loss.item()`), tfjax first in even pairs and torch first
+in odd ones so that neither side always runs right after the other. tfjax's fields are computed
+from its steps in the pairs; `peer.ratio_per_pair` is tfjax tokens/s / torch tokens/s of each
+pair. Both use their default thread pools (torch's count is in `peer.threads`); on a busy host
+run with `OMP_WAIT_POLICY=PASSIVE`, or torch's spinning OpenMP workers can slow its steps 30x
+(measured on 2 cores shared with a training job: 5.2 s instead of 0.16 s at batch 2). The torch
+model has a final LayerNorm on each stack that tfjax's post-LN model lacks (`peer.notes`), so
+its `num_params` is 4 * d_model larger.
+"""
+
+import statistics
+
+import jax
+
+from experiments.bench import mfu, timing, torch_peer, workload
+
+
+def peer_device(platform: str) -> str:
+    """Where the torch peer runs: "cuda" when JAX computes on a GPU, else "cpu"."""
+    return "cuda" if platform == "gpu" else "cpu"
+
+
+def _utilisation(
+    batch: int,
+    shape: dict,
+    step_seconds: float,
+    device: jax.Device,
+    dtype: str,
+    peak_flops: float | None,
+) -> dict:
+    """Model FLOPs per step, the matmul ceiling (measured now) and MFU against it and the peak."""
+    flops, formula = mfu.train_flops(batch, shape)
+    size = mfu.ceiling_size(device.platform)
+    ceiling = mfu.matmul_ceiling(size, dtype=dtype, calls=1 if device.platform == "cpu" else 20)
+    if peak_flops is None:
+        peak_flops = mfu.datasheet_peak(device.device_kind, dtype)
+    return {
+        "model_flops_per_step": flops,
+        "flops_formula": formula,
+        "matmul_ceiling_flops": ceiling,
+        "matmul_ceiling": f"jitted jnp.dot of two [{size}, {size}] {dtype} arrays",
+        "mfu": flops / step_seconds / ceiling,
+        "peak_flops": peak_flops,
+        "mfu_vs_peak": None if peak_flops is None else flops / step_seconds / peak_flops,
+    }
+
+
+def _peer_result(
+    peer: str, times: list[float], peer_times: list[float], tokens: int, shape: dict, device: str
+) -> dict:
+    """The `peer` object of the train line (see the module docstring)."""
+    del peer  # only "torch" so far
+    ratios = [peer_t / t for t, peer_t in zip(times, peer_times, strict=True)]
+    return {
+        **torch_peer.info(device),
+        "num_params": torch_peer.num_params(shape),
+        "target_tokens_per_second": timing.rates(tokens, peer_times),
+        "step_seconds_median": statistics.median(peer_times),
+        "ratio_per_pair": ratios,
+        "ratio_median": statistics.median(ratios),
+        "notes": list(torch_peer.NOTES),
+    }
+
+
+def bench_train(
+    repeats: int,
+    batch: int,
+    dtype: str,
+    peer: str = "",
+    shape: dict = workload.SHAPE,
+    warmup: int = 1,
+    attention_impl: str = "auto",
+    peak_flops: float | None = None,
+    prng_impl: str | None = None,
+) -> dict:
+    """Train-step throughput of tfjax; with `peer`, timed in alternation with that framework."""
+    data = workload.random_batch(batch, shape)
+    run, num_params = workload.make_train_step(data, dtype, shape, attention_impl, prng_impl)
+    tokens = batch * shape["target_len"]
+    device = jax.devices()[0]
+    if peer:
+        torch_device = peer_device(device.platform)
+        peer_step = torch_peer.make_train_step(shape, data, device=torch_device, dtype=dtype)
+        first, times, peer_times = timing.time_pairs(run, peer_step, repeats, warmup)
+    else:
+        first, times = timing.time_calls(run, repeats, warmup)
+    median_time = statistics.median(times)
+    out = {
+        "bench": "train",
+        "target_tokens_per_second": timing.rates(tokens, times),
+        "step_seconds_median": median_time,
+        "compile_seconds": first - median_time,
+        **_utilisation(batch, shape, median_time, device, dtype, peak_flops),
+        "attention_impl": attention_impl,
+        "prng_impl": str(jax.random.key_impl(jax.random.key(0, impl=prng_impl))),
+        "num_params": num_params,
+    }
+    if peer:
+        out["peer"] = _peer_result(peer, times, peer_times, tokens, shape, torch_device)
+    return out
