@@ -17,7 +17,7 @@ transposed-operand matmul. For the feed-forward output layer (I = 4 O) transposi
 ms a layer on the benchmark host (x^T is [1024, 2048]); dy^T is a quarter of that. If XLA is
 left to fold the final transpose into the matmul it picks a slow transposed-operand kernel.
 
-Measured on the benchmark train step (`experiments/bench.py` shape), in-process paired A/B:
+Measured on the benchmark train step (`experiments.bench` shape), in-process paired A/B:
 autodiff -> x^T always: step-time ratio 1.11 (12 pairs, 1.03-1.22) on a 2-core AVX2 host;
 x^T always -> smaller transpose: 1.044 and 1.042 (2 x 16 pairs) on a 2-core AMD EPYC host.
 Any other contraction goes to `lax.dot_general`.

@@ -1,7 +1,7 @@
 """Process-level settings for running on a CPU host: the glibc allocator.
 
 XLA:CPU asks for one temporary buffer per execution of a compiled program (about 640 MB for the
-benchmark train step, `experiments/bench.py`), frees it when the step ends, and does so from its
+benchmark train step, `experiments.bench`), frees it when the step ends, and does so from its
 worker threads. glibc serves an allocation that large from a fresh `mmap` and returns it with
 `munmap` on free, so every step touches ~160,000 new pages: measured here, a fifth of each train
 step went to page faults (0.44 s of system time in a 1.16 s step).
