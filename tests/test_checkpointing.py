@@ -280,6 +280,16 @@ def test_save_rejects_raw_keys_and_non_json_items(tmp_path):
     assert checkpointer.all_steps() == []
 
 
+@pytest.mark.parametrize("below", [False, True], ids=["is_a_file", "under_a_file"])
+def test_a_file_in_place_of_the_directory_is_named(tmp_path, below):
+    (tmp_path / "checkpoints").write_text("not a directory")
+    directory = tmp_path / "checkpoints" / "sub" if below else tmp_path / "checkpoints"
+    with pytest.raises(NotADirectoryError) as info:
+        checkpointing.Checkpointer(directory)
+    message = str(info.value)
+    assert "\n" not in message and "checkpoints is a file" in message and "--workdir" in message
+
+
 def shardings(state, mesh: Mesh | None):
     """Where each leaf goes: all on device 0, or replicated on `mesh` with the kernel sharded."""
 

@@ -38,6 +38,7 @@ class Checkpointer:
 
         Raises:
             ValueError: if `max_to_keep` is less than 1.
+            NotADirectoryError: if `directory` or one of its parents is a file.
         """
         self.directory = epath.Path(directory).absolute()
         self._manager = _open_manager(self.directory, max_to_keep, async_save)
@@ -178,8 +179,26 @@ def _open_manager(
             f"max_to_keep must be at least 1, got {max_to_keep}; keep at least "
             "the newest checkpoint so the run can resume."
         )
+    _check_not_a_file(directory)
     options = ocp.CheckpointManagerOptions(
         preservation_policy=checkpoint_managers.LatestN(max_to_keep),
         enable_async_checkpointing=async_save,
     )
     return ocp.CheckpointManager(directory, options=options)
+
+
+def _check_not_a_file(directory: epath.Path) -> None:
+    """Raises NotADirectoryError if `directory`, or its nearest existing parent, is a file.
+
+    orbax would accept such a directory, list no steps, and then fail (or hang) in its save
+    threads; checking first gives one clear message.
+    """
+    for path in (directory, *directory.parents):
+        if not path.exists():
+            continue
+        if not path.is_dir():
+            raise NotADirectoryError(
+                f"cannot keep checkpoints in {directory}: {path} is a file, not a directory. "
+                "Move the file away or choose another --workdir."
+            )
+        return
