@@ -237,6 +237,40 @@ def test_save_after_fallback_moves_the_damaged_step_aside(tmp_path):
     assert_trees_equal(restored.state, make_state(2))
 
 
+def test_a_step_damaged_twice_is_moved_aside_under_a_new_name(tmp_path):
+    with checkpointing.Checkpointer(tmp_path) as checkpointer:
+        save(checkpointer, 1)
+        save(checkpointer, 2)
+    for _ in range(2):
+        delete_metadata(tmp_path / "2")
+        with checkpointing.Checkpointer(tmp_path) as checkpointer:
+            assert checkpointer.restore(jax.eval_shape(lambda: make_state(0))).step == 1
+            save(checkpointer, 2)
+    assert (tmp_path / "2.corrupt").is_dir() and (tmp_path / "2.corrupt1").is_dir()
+    assert checkpointing.Checkpointer(tmp_path).all_steps() == [1, 2]
+
+
+def test_restore_average_is_the_mean_of_the_last_steps(tmp_path):
+    with checkpointing.Checkpointer(tmp_path) as checkpointer:
+        for step in (1, 2, 3):
+            save(checkpointer, step)
+        averaged = checkpointer.restore_average(jax.eval_shape(lambda: make_state(0)), last=2)
+        with pytest.raises(ValueError, match="keep_checkpoints >= 4"):
+            checkpointer.restore_average(jax.eval_shape(lambda: make_state(0)), last=4)
+    assert averaged.step == 3 and averaged.data_state == {"next_index": 3}
+    assert_trees_equal(averaged.state.opt_state, make_state(3).opt_state)  # the newest step's
+
+    def check_mean(got, newest, previous):
+        assert got.dtype == newest.dtype
+        tolerance = 1e-2 if got.dtype == jnp.bfloat16 else 1e-6  # bf16 keeps 8 mantissa bits
+        want = (np.asarray(newest, np.float32) + np.asarray(previous, np.float32)) / 2
+        np.testing.assert_allclose(
+            np.asarray(got, np.float32), want, rtol=tolerance, atol=tolerance
+        )
+
+    jax.tree.map(check_mean, averaged.state.params, make_state(3).params, make_state(2).params)
+
+
 def test_save_rejects_raw_keys_and_non_json_items(tmp_path):
     checkpointer = checkpointing.Checkpointer(tmp_path)
     with pytest.raises(TypeError, match="typed key"):
@@ -244,6 +278,16 @@ def test_save_rejects_raw_keys_and_non_json_items(tmp_path):
     with pytest.raises(TypeError, match="JSON round trip"):
         save(checkpointer, 1, data_state={"shape": (2, 3)})
     assert checkpointer.all_steps() == []
+
+
+@pytest.mark.parametrize("below", [False, True], ids=["is_a_file", "under_a_file"])
+def test_a_file_in_place_of_the_directory_is_named(tmp_path, below):
+    (tmp_path / "checkpoints").write_text("not a directory")
+    directory = tmp_path / "checkpoints" / "sub" if below else tmp_path / "checkpoints"
+    with pytest.raises(NotADirectoryError) as info:
+        checkpointing.Checkpointer(directory)
+    message = str(info.value)
+    assert "\n" not in message and "checkpoints is a file" in message and "--workdir" in message
 
 
 def shardings(state, mesh: Mesh | None):

@@ -1,0 +1,25 @@
+"""Checkpoints of a training run: train state, PRNG key, data-iterator position and config.
+
+`Checkpointer` wraps an orbax `CheckpointManager` over `workdir/checkpoints`: one step directory
+per saved step, the newest `max_to_keep` kept, each holding the train state as a pytree and four
+JSON items: `rng`, `data_state`, `config` and `checksums`. Saves are asynchronous: `save` returns
+once the arrays are in host memory; `wait` blocks until they are on disk.
+
+Restoring places the arrays as the abstract state's shardings say, so a checkpoint written from 8
+devices restores onto 1 and vice versa. A step is damaged when its orbax commit marker is missing,
+when orbax cannot read it, or when the arrays read back disagree with per-array checksums written
+at save time (orbax keeps none: a flipped bit in a data file otherwise restores silently).
+`restore()` then warns and falls back to the previous step. Restoring never deletes or rewrites
+anything; a damaged step is moved aside (to `<step>.corrupt`) only when `save` needs its number.
+
+Submodules: `manager` (`Checkpointer`), `layout` (the items of a step and their encoding),
+`checksums` (per-array checksums), `restoring` (verified reads, fallback, averaging) and
+`compat` (`check_compatible`: saved vs current config). Warnings go to the logger of this
+package's name (and its children).
+"""
+
+from tfjax.training.checkpointing.compat import check_compatible
+from tfjax.training.checkpointing.manager import Checkpointer
+from tfjax.training.checkpointing.restoring import CheckpointRestoreError, Restored
+
+__all__ = ["CheckpointRestoreError", "Checkpointer", "Restored", "check_compatible"]

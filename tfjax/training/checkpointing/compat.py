@@ -1,0 +1,56 @@
+"""Whether a checkpoint's saved config fits the current run: `check_compatible`.
+
+Restoring arrays of another model fails deep inside orbax with a shape error; comparing the
+configs first names the settings that differ and how to get the old ones back.
+"""
+
+import json
+from typing import Any
+
+_ABSENT = object()  # a config key missing on one side of `check_compatible`
+
+
+def check_compatible(saved_config: dict, config: dict, *, section: str = "model") -> None:
+    """Checks that `config[section]` equals the one a checkpoint was written with.
+
+    Call it before anything in the workdir is overwritten.
+
+    Args:
+        saved_config: the config stored with the checkpoint (`Restored.config`).
+        config: the config of the current run, as a JSON dict.
+        section: the top-level group to compare, e.g. "model" or "data".
+
+    Raises:
+        ValueError: listing each differing key with its saved and current value.
+    """
+    saved = _flatten(saved_config.get(section, {}), section)
+    now = _flatten(config.get(section, {}), section)
+    diffs = [
+        (key, saved.get(key, _ABSENT), now.get(key, _ABSENT))
+        for key in sorted(saved.keys() | now.keys())
+        if saved.get(key, _ABSENT) != now.get(key, _ABSENT)
+    ]
+    if not diffs:
+        return
+    lines = [f"  {key}: saved {_show(old)}, now {_show(new)}" for key, old, new in diffs]
+    flags = " ".join(f"--config.{key}={_show(old)}" for key, old, _ in diffs if old is not _ABSENT)
+    raise ValueError(
+        f"the checkpoint in this workdir was written with different `{section}` settings:\n"
+        + "\n".join(lines)
+        + "\nResuming would mix two runs. Pick another --workdir for the new settings, or "
+        f"restore the original ones{' (' + flags + ')' if flags else ''}."
+    )
+
+
+def _flatten(tree: Any, prefix: str) -> dict[str, Any]:
+    """Nested dicts as {"a.b.c": leaf}; non-dict values are leaves."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat = {}
+    for key, value in tree.items():
+        flat.update(_flatten(value, f"{prefix}.{key}"))
+    return flat
+
+
+def _show(value: Any) -> str:
+    return "<absent>" if value is _ABSENT else json.dumps(value)

@@ -1,0 +1,204 @@
+"""`Checkpointer`: an orbax `CheckpointManager` over one directory of training checkpoints.
+
+It owns the manager (saving, retention of the newest `max_to_keep` steps, asynchronous writes)
+and the set of steps found damaged in this process; what a step holds is `layout`, how steps are
+read back and checked is `restoring`.
+"""
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+from orbax.checkpoint import checkpoint_managers
+
+from tfjax.training.checkpointing import layout, restoring
+
+
+class Checkpointer:
+    """Saves and restores train states in one directory; also a context manager.
+
+    Example:
+        with Checkpointer(workdir / "checkpoints", max_to_keep=3) as checkpointer:
+            restored = checkpointer.restore(abstract_state)
+            ...
+            checkpointer.save(step, state, rng=rng, data_state=it.get_state(), config=cfg)
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike, *, max_to_keep: int = 3, async_save: bool = True
+    ):
+        """Opens (and creates) `directory`; existing checkpoints are left as they are.
+
+        Args:
+            directory: where the step directories live, e.g. `workdir/checkpoints`.
+            max_to_keep: how many of the newest steps to keep; older ones are deleted on save.
+            async_save: write in a background thread, so `save` returns before the files exist.
+
+        Raises:
+            ValueError: if `max_to_keep` is less than 1.
+            NotADirectoryError: if `directory` or one of its parents is a file.
+        """
+        self.directory = epath.Path(directory).absolute()
+        self._manager = _open_manager(self.directory, max_to_keep, async_save)
+        self._damaged: set[int] = set()  # steps whose restore failed in this process
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def all_steps(self) -> list[int]:
+        """Saved steps (including one still being written), oldest first, minus damaged ones."""
+        return sorted(set(self._manager.all_steps()) - self._damaged)
+
+    def latest_step(self) -> int | None:
+        """The newest saved step (see `all_steps`), or None if there is none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def saved_configs(self) -> list[dict]:
+        """The run configs stored with the saved steps that can be read, newest first.
+
+        Lets a caller refuse a workdir from another run before it tries to restore arrays of
+        different shapes; unreadable steps are skipped here (`restore` reports them).
+        """
+        return restoring.read_configs(self._manager, reversed(self.all_steps()))
+
+    def wait(self) -> None:
+        """Blocks until asynchronous saves are on disk; re-raises their errors."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for pending saves and releases orbax's threads."""
+        self._manager.close()
+
+    def save(
+        self,
+        step: int,
+        state: Any,
+        *,
+        rng: jax.Array,
+        data_state: dict,
+        config: dict,
+        force: bool = False,
+    ) -> bool:
+        """Starts saving `state` and its companions as checkpoint `step`.
+
+        Args:
+            step: the step number; it names the checkpoint and must not exist yet.
+            state: pytree of arrays (on one device, or sharded/replicated over several).
+            rng: typed PRNG key (`jax.random.key(...)`), any shape.
+            data_state: the data iterator's position; must survive a JSON round trip unchanged.
+            config: the resolved run config; same JSON rule.
+            force: save even if orbax's save policy would skip this step.
+
+        Returns:
+            Whether orbax started a save (with the default policy, always True).
+
+        Raises:
+            TypeError: if `rng` is not a typed key or a JSON item is not plain JSON.
+            ValueError: if a readable checkpoint for `step` already exists.
+        """
+        args = layout.save_args(state, rng=rng, data_state=data_state, config=config)
+        self.wait()  # orbax's save waits for the previous one anyway; this settles all_steps
+        restoring.make_room(self._manager, self.directory, step, damaged=self._damaged)
+        return bool(self._manager.save(step, args=args, force=force))
+
+    def restore(self, abstract_state: Any, *, step: int | None = None) -> restoring.Restored | None:
+        """Restores checkpoint `step`, or the newest readable one when `step` is None.
+
+        With `step=None`, a damaged step is reported with `logging.warning` (step and reason) and
+        the next older one is tried.
+
+        Args:
+            abstract_state: pytree of `jax.ShapeDtypeStruct` (or arrays) with the structure,
+                shapes and dtypes of the saved state; leaves with a `.sharding` are placed by it,
+                the others on the first local device.
+            step: a specific step to restore (no fallback), or None for the newest good one.
+
+        Returns:
+            The restored checkpoint, or None if the directory holds no checkpoint.
+
+        Raises:
+            ValueError: if `step` was given but is not in `all_steps()`.
+            CheckpointRestoreError: if every step tried is damaged or does not match
+                `abstract_state`; the message lists each step with its reason.
+        """
+        steps = self._reload()
+        if step is not None and step not in steps:
+            raise ValueError(
+                f"no checkpoint for step {step} in {self.directory}; available "
+                f"steps: {steps}. Pass one of them, or step=None for the newest."
+            )
+        return restoring.restore_first_good(
+            self._manager,
+            self.directory,
+            abstract_state,
+            [step] if step is not None else reversed(steps),
+            damaged=self._damaged,
+            fallback=step is None,
+        )
+
+    def restore_average(self, abstract_state: Any, *, last: int) -> restoring.Restored:
+        """The newest of the last `last` saved steps, its parameters averaged over all of them.
+
+        Checkpoint averaging (Vaswani et al. 2017, §6.1: the last 5 checkpoints for the base
+        models) smooths the noise of the final updates. Optimizer state, rng and data state are
+        those of the newest step.
+
+        Raises:
+            ValueError: if fewer than `last` steps are saved (raise `train.keep_checkpoints`).
+            CheckpointRestoreError: if one of the steps cannot be restored.
+        """
+        steps = self._reload()
+        if last < 1 or len(steps) < last:
+            raise ValueError(
+                f"cannot average the last {last} checkpoints: {self.directory} holds steps "
+                f"{steps}; train with train.keep_checkpoints >= {last}"
+            )
+        return restoring.average_params(
+            lambda step: self.restore(abstract_state, step=step), steps[-last:]
+        )
+
+    def _reload(self) -> list[int]:
+        """`all_steps()` once pending saves are done, re-read from disk."""
+        self.wait()  # the newest step may still be being written
+        self._manager.reload()  # see steps written or damaged since this manager was built
+        return self.all_steps()
+
+
+def _open_manager(
+    directory: epath.Path, max_to_keep: int, async_save: bool
+) -> ocp.CheckpointManager:
+    """An orbax manager over `directory`; see `Checkpointer.__init__` for the arguments."""
+    if max_to_keep < 1:
+        raise ValueError(
+            f"max_to_keep must be at least 1, got {max_to_keep}; keep at least "
+            "the newest checkpoint so the run can resume."
+        )
+    _check_not_a_file(directory)
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=checkpoint_managers.LatestN(max_to_keep),
+        enable_async_checkpointing=async_save,
+    )
+    return ocp.CheckpointManager(directory, options=options)
+
+
+def _check_not_a_file(directory: epath.Path) -> None:
+    """Raises NotADirectoryError if `directory`, or its nearest existing parent, is a file.
+
+    orbax would accept such a directory, list no steps, and then fail (or hang) in its save
+    threads; checking first gives one clear message.
+    """
+    for path in (directory, *directory.parents):
+        if not path.exists():
+            continue
+        if not path.is_dir():
+            raise NotADirectoryError(
+                f"cannot keep checkpoints in {directory}: {path} is a file, not a directory. "
+                "Move the file away or choose another --workdir."
+            )
+        return

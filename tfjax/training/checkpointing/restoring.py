@@ -1,0 +1,197 @@
+"""Reading checkpoints back: one verified step, newest-first fallback, damaged steps, averaging.
+
+A step is damaged when its orbax commit marker is missing, when orbax cannot read it, or when
+the arrays read back disagree with the checksums written at save time. `restore_first_good`
+warns and falls back to the previous step; the damaged steps are remembered so that `Checkpointer`
+hides them and may later save over their numbers, after `make_room` has renamed them to
+`<step>.corrupt`. Nothing here deletes or rewrites a checkpoint.
+"""
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+from etils import epath
+from jax.experimental import multihost_utils
+
+from tfjax.training.checkpointing import checksums, layout
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Restored:
+    """What `Checkpointer.restore` returns.
+
+    Attributes:
+        step: the step the checkpoint was saved at.
+        state: the train state, with the structure and shardings of the abstract state.
+        rng: the typed PRNG key given to `save`, bit-exact and with the same implementation.
+        data_state: the data iterator's position (JSON dict).
+        config: the resolved run config (JSON dict).
+    """
+
+    step: int
+    state: Any
+    rng: jax.Array
+    data_state: dict
+    config: dict
+
+
+class CheckpointRestoreError(RuntimeError):
+    """Checkpoints exist but none of the ones tried could be restored."""
+
+
+def restore_step(
+    manager: ocp.CheckpointManager, directory: epath.Path, step: int, abstract_state: Any
+) -> Restored:
+    """Restores and verifies one step; raises if anything about it is wrong."""
+    if not (directory / str(step) / layout.COMMIT_MARKER).exists():
+        raise FileNotFoundError(
+            f"{directory / str(step)} has no {layout.COMMIT_MARKER}: its save never finished"
+        )
+    items = manager.restore(step, args=layout.restore_args(abstract_state))
+    checksums.verify(items.state, items.checksums)
+    for name in ("data_state", "config"):
+        if not isinstance(items[name], dict):
+            raise TypeError(f"item {name!r} is a {type(items[name]).__name__}, not a dict")
+    return Restored(
+        step=step,
+        state=items.state,
+        rng=layout.key_from_json(items.rng),
+        data_state=items.data_state,
+        config=items.config,
+    )
+
+
+def restore_first_good(
+    manager: ocp.CheckpointManager,
+    directory: epath.Path,
+    abstract_state: Any,
+    candidates: Iterable[int],
+    *,
+    damaged: set[int],
+    fallback: bool,
+) -> Restored | None:
+    """Restores the first of `candidates` that is not damaged.
+
+    Args:
+        manager: the orbax manager over `directory`.
+        directory: where the step directories live; named in messages.
+        abstract_state: see `Checkpointer.restore`.
+        candidates: steps to try in order (newest first for a fallback).
+        damaged: each step that fails is added to it.
+        fallback: whether failures are expected: each is then logged as a warning.
+
+    Returns:
+        The first step that restores, or None if `candidates` is empty.
+
+    Raises:
+        CheckpointRestoreError: if every candidate failed; the message lists each with its reason.
+    """
+    failures = []
+    for candidate in candidates:
+        try:
+            return restore_step(manager, directory, candidate, abstract_state)
+        except Exception as e:  # orbax and tensorstore raise many types; any means unusable
+            failures.append(f"step {candidate}: {_first_line(e)}")
+            damaged.add(candidate)
+            if fallback:
+                log.warning(
+                    "%s: damaged checkpoint %s; trying the previous one", directory, failures[-1]
+                )
+    if failures:
+        raise _restore_error(directory, failures)
+    return None
+
+
+def average_params(restore: Callable[[int], Restored], steps: Sequence[int]) -> Restored:
+    """The newest of `steps` with its parameters replaced by their mean over all `steps`.
+
+    The steps are restored one at a time and summed, so memory holds two states, not all.
+
+    Args:
+        restore: reads one step, e.g. `lambda s: checkpointer.restore(abstract, step=s)`.
+        steps: the steps to average, oldest first; at least one.
+    """
+    newest, total = None, None
+    for step in steps:
+        newest = restore(step)
+        params = newest.state.params
+        total = params if total is None else jax.tree.map(jnp.add, total, params)
+    averaged = jax.tree.map(lambda x: (x / len(steps)).astype(x.dtype), total)
+    return dataclasses.replace(newest, state=newest.state.replace(params=averaged))
+
+
+def read_configs(manager: ocp.CheckpointManager, steps: Iterable[int]) -> list[dict]:
+    """The `config` items of `steps` that can be read, in the order of `steps`; others skipped."""
+    configs = []
+    for step in steps:
+        try:
+            items = manager.restore(step, args=layout.config_args())
+        except Exception:
+            continue
+        if isinstance(items.config, dict):
+            configs.append(items.config)
+    return configs
+
+
+def make_room(
+    manager: ocp.CheckpointManager, directory: epath.Path, step: int, *, damaged: set[int]
+) -> None:
+    """Moves a damaged checkpoint for `step` aside before it is saved again.
+
+    Args:
+        manager: the orbax manager over `directory`, with no save pending.
+        directory: where the step directories live.
+        step: the step about to be saved.
+        damaged: the steps found damaged; `step` is removed from it once moved.
+
+    Raises:
+        ValueError: if a checkpoint for `step` exists and was not found damaged.
+    """
+    if step not in manager.all_steps():
+        return
+    if step not in damaged:
+        raise ValueError(
+            f"a checkpoint for step {step} already exists in {directory}; checkpoints "
+            "are never overwritten. Resume from it with restore(), or use another directory."
+        )
+    _move_aside(directory, step)
+    damaged.discard(step)
+    manager.reload()
+
+
+def _move_aside(directory: epath.Path, step: int) -> None:
+    """Renames the damaged step directory to `<step>.corrupt` (or `.corrupt1`, ...), keeping it."""
+    path = directory / str(step)
+    aside = directory / f"{step}.corrupt"
+    suffix = 1
+    while aside.exists():
+        aside, suffix = directory / f"{step}.corrupt{suffix}", suffix + 1
+    if jax.process_index() == 0:
+        log.warning(
+            "moving damaged checkpoint %s to %s before saving step %d again", path, aside, step
+        )
+        path.rename(aside)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"tfjax_checkpointing_make_room_{step}")
+
+
+def _restore_error(directory: epath.Path, failures: list[str]) -> CheckpointRestoreError:
+    return CheckpointRestoreError(
+        f"no checkpoint in {directory} could be restored. Tried:\n  "
+        + "\n  ".join(failures)
+        + "\nIf the model or optimizer settings changed since these were written, rerun with the "
+        "original settings or pick another --workdir; otherwise the files are damaged: move them "
+        "away to start afresh."
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
