@@ -4,8 +4,11 @@ Submodules, one job each (each imports only those listed above it):
 - `core`: pure attention math: `attention_logits` (the four scores), `masked_softmax` and
   `dot_product_attention` with its XLA / cuDNN / reference dispatch;
 - `local`: blocked `local_attention`, |i - j| <= r in O(L · r);
-- `cache`: the head-major key/value cache of decoding and `cached_attention` over it;
-- `module`: `MultiHeadAttention` (projections, RoPE, the cache and the dispatch).
+- `cache`: the head-major key/value cache of decoding: `cached_attention` over it, the pure
+  `append`, and the reads/writes of a module's "cache" collection;
+- `projections`: head sizes, the q/k/v/out projections (fused QKV, separate q, k, v, cross kv,
+  low-rank value) and the general/additive score weights;
+- `module`: `MultiHeadAttention`, which wires the pieces above together.
 The names below are re-exported, so `from tfjax.nn import attention` then
 `attention.dot_product_attention(...)` or `attention.MultiHeadAttention(...)` is all most code
 needs.
