@@ -269,6 +269,51 @@ def test_cached_attention_over_a_head_major_cache_equals_jax_attention(num_kv_he
     np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
+def test_cache_append_writes_at_the_index_and_rejects_what_does_not_fit():
+    cached_k = jnp.zeros((B, 2, 6, H))  # [B, K, max_len, H]
+    cached_v = jnp.ones((B, 2, 6, H), jnp.bfloat16)
+    k = jnp.full((B, 2, 2, H), 5.0)  # [B, K, L, H]
+    new_k, new_v, index = attention.cache.append(cached_k, cached_v, jnp.array(3), k, k)
+    written = np.asarray(new_k[0, 0, :, 0])
+    np.testing.assert_array_equal(written, [0, 0, 0, 5, 5, 0])
+    assert new_v.dtype == jnp.bfloat16 and int(index) == 5
+    with pytest.raises(ValueError, match="do not fit the cache"):
+        long = jnp.zeros((B, 2, 7, H))
+        attention.cache.append(cached_k, cached_v, jnp.array(0), long, long)
+
+
+@pytest.mark.parametrize("score", attention.SCORES)
+def test_attend_over_cache_equals_dot_product_attention(score):
+    q, k, v = _qkv(num_kv=2)
+    keys = jax.random.split(jax.random.key(5), 4)
+    params = {
+        "scaled_dot": None,
+        "dot": None,
+        "general": {"w": jax.random.normal(keys[0], (N, H, H))},
+        "additive": {
+            "w_q": jax.random.normal(keys[1], (N, H, 3)),
+            "w_k": jax.random.normal(keys[2], (N, H, 3)),
+            "v": jax.random.normal(keys[3], (N, 3)),
+        },
+    }[score]
+    mask = _random_mask()
+    kwargs = dict(mask=mask, score=score, score_params=params)
+    expected = attention.dot_product_attention(q, k, v, **kwargs)
+    head_major = attention.cache.head_major
+    got = attention.cache.attend_over_cache(q, head_major(k), head_major(v), **kwargs)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_head_sizes_defaults_and_errors():
+    head_sizes = attention.projections.head_sizes
+    assert head_sizes(16, 4, 0, 0) == (4, 4, 4)  # K = N, H = D // N
+    assert head_sizes(16, 4, 1, 8) == (4, 1, 8)  # multi-query, explicit H
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        head_sizes(16, 4, 3, 0)
+    with pytest.raises(ValueError, match="divisible"):
+        head_sizes(15, 4, 0, 0)
+
+
 ON_GPU = jax.default_backend() == "gpu"
 
 

@@ -1,0 +1,222 @@
+"""Attention math as pure functions: score functions, the masked softmax, dot-product attention.
+
+`dot_product_attention` is the one place where masks and biases are applied; it dispatches to
+`jax.nn.dot_product_attention` (XLA, or cuDNN's fused attention) for the dot scores and to the
+einsum reference written here otherwise.
+
+Sources:
+- scaled dot-product attention: Vaswani et al. 2017, "Attention Is All You Need", §3.2.1 (Eq. 1);
+- plain dot and general (bilinear, q^T W k) scores: Luong et al. 2015, §3.1;
+- additive scores, v^T tanh(W_q q + W_k k): Bahdanau et al. 2015, Appendix A.1.2;
+- multi-query and grouped-query attention: Shazeer 2019; Ainslie et al. 2023 (GQA), §2.
+"""
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float
+
+SCORES = ("scaled_dot", "dot", "general", "additive")
+IMPLEMENTATIONS = ("auto", "reference", "xla", "cudnn")
+_FAST_SCORES = ("scaled_dot", "dot")
+
+
+def check_score(score: str) -> None:
+    """ValueError unless `score` is one of `SCORES`."""
+    if score not in SCORES:
+        raise ValueError(f"score={score!r} is not one of {SCORES}")
+
+
+def check_qkv(q: Array, k: Array, v: Array) -> None:
+    """ValueError unless q [B, L, N, H], k, v [B, S, K, H] fit together with K dividing N."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(
+            f"q, k, v must be [B, L, N, H], [B, S, K, H], [B, S, K, H]; got shapes "
+            f"{q.shape}, {k.shape}, {v.shape}"
+        )
+    if k.shape != v.shape[:3] + k.shape[3:] or q.shape[0] != k.shape[0]:
+        raise ValueError(f"k {k.shape} and v {v.shape} must share [B, S, K]; q is {q.shape}")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(
+            f"query heads N={q.shape[2]} must be a multiple of kv heads K={k.shape[2]}"
+        )
+
+
+def use_fast_path(score: str, implementation: str, dropout: bool) -> bool:
+    """Whether `jax.nn.dot_product_attention` runs (dot scores, no probability dropout).
+
+    Raises:
+      ValueError: for an unknown `implementation`, or "cudnn" where it cannot run.
+    """
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
+    fast = implementation != "reference" and score in _FAST_SCORES and not dropout
+    if implementation == "cudnn" and not fast:
+        raise ValueError(
+            f"implementation='cudnn' runs the dot scores without probability dropout; got "
+            f"score={score!r}{' with dropout' if dropout else ''}: use implementation='auto'"
+        )
+    return fast
+
+
+def _grouped(q: Float[Array, "B L N H"], num_kv_heads: int) -> Float[Array, "B L K G H"]:
+    b, length, n, h = q.shape
+    return q.reshape(b, length, num_kv_heads, n // num_kv_heads, h)  # [B, L, K, G, H]
+
+
+def attention_logits(
+    q: Float[Array, "B L N H"],
+    k: Float[Array, "B S K H"],
+    *,
+    score: str = "scaled_dot",
+    score_params: dict[str, Array] | None = None,
+) -> Float[Array, "B N L S"]:
+    """Unnormalised attention scores in float32.
+
+    Args:
+      q: queries [B, L, N, H].
+      k: keys [B, S, K, H]; K divides N (query head n uses kv head n // G).
+      score: "scaled_dot" (q·k / sqrt(H), Vaswani §3.2.1), "dot" (q·k, Luong §3.1), "general"
+        (q^T W k, Luong §3.1; needs `score_params["w"]` [N, H, H]) or "additive"
+        (v^T tanh(W_q q + W_k k), Bahdanau A.1.2; needs "w_q" [N, H, A], "w_k" [N, H, A],
+        "v" [N, A]). The additive score materialises [B, N, L, S, A]: use it on small inputs.
+      score_params: parameters of the general and additive scores.
+
+    Returns:
+      float32 logits [B, N, L, S].
+    """
+    check_score(score)
+    b, length, n, h = q.shape
+    num_kv = k.shape[2]
+    if score == "additive":
+        k_full = jnp.repeat(k, n // num_kv, axis=2)  # [B, S, N, H]
+        q_a = jnp.einsum("BLNH,NHA->BNLA", q, score_params["w_q"])
+        k_a = jnp.einsum("BSNH,NHA->BNSA", k_full, score_params["w_k"])
+        hidden = jnp.tanh(q_a[:, :, :, None, :] + k_a[:, :, None, :, :])  # [B, N, L, S, A]
+        return jnp.einsum("BNLSA,NA->BNLS", hidden, score_params["v"]).astype(jnp.float32)
+    if score == "general":
+        q = jnp.einsum("BLNH,NHI->BLNI", q, score_params["w"])  # [B, L, N, H]
+    logits = jnp.einsum("BLKGH,BSKH->BKGLS", _grouped(q, num_kv), k)
+    logits = logits.reshape(b, n, length, k.shape[1]).astype(jnp.float32)  # [B, N, L, S]
+    if score == "scaled_dot":
+        logits = logits * h**-0.5
+    return logits
+
+
+def masked_softmax(
+    logits: Float[Array, "B N L S"], mask: Bool[Array, "#B #N #L #S"] | None = None
+) -> Float[Array, "B N L S"]:
+    """Softmax over keys in float32 with boolean masking; fully masked rows are all zeros."""
+    logits = logits.astype(jnp.float32)
+    if mask is None:
+        return jax.nn.softmax(logits, axis=-1)
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    return jnp.where(mask, jax.nn.softmax(logits, axis=-1), 0.0)
+
+
+def _row_has_key(mask: Array, out_shape: tuple[int, ...]) -> Array:
+    """[B, L, N|1, 1] bool: whether each query row may attend to at least one key."""
+    row = jnp.any(mask, axis=-1)  # [B|1, N|1, L|1]
+    row = jnp.broadcast_to(row, (row.shape[0], row.shape[1], out_shape[1]))
+    return jnp.swapaxes(row, 1, 2)[..., None]  # [B|1, L, N|1, 1]
+
+
+def _check_cudnn(q: Array) -> None:
+    """cuDNN's fused attention: an NVIDIA GPU and 16-bit inputs, else a clear error."""
+    if jax.default_backend() != "gpu":
+        raise ValueError(
+            f"implementation='cudnn' needs an NVIDIA GPU (JAX's default backend is "
+            f"{jax.default_backend()!r}): use implementation='auto'"
+        )
+    if q.dtype not in (jnp.bfloat16, jnp.float16):
+        raise ValueError(
+            f"implementation='cudnn' takes bfloat16 or float16 inputs, got {q.dtype}: set the "
+            f"compute dtype (ModelConfig.dtype) to bfloat16, or use implementation='auto'"
+        )
+
+
+def _jax_attention(
+    q: Float[Array, "B L N H"],
+    k: Float[Array, "B S K H"],
+    v: Float[Array, "B S K H"],
+    mask: Bool[Array, "#B #N #L #S"] | None,
+    bias: Float[Array, "#B #N #L #S"] | None,
+    score: str,
+    implementation: str,
+) -> Float[Array, "B L N H"]:
+    """The dot scores through `jax.nn.dot_product_attention` (XLA, or cuDNN when asked)."""
+    if implementation == "cudnn":
+        _check_cudnn(q)
+    out = jax.nn.dot_product_attention(
+        q,
+        k.astype(q.dtype),
+        v.astype(q.dtype),
+        bias=None if bias is None else bias.astype(q.dtype),
+        mask=mask,
+        scale=q.shape[-1] ** -0.5 if score == "scaled_dot" else 1.0,
+        implementation="cudnn" if implementation == "cudnn" else None,
+    ).astype(v.dtype)
+    if mask is not None:  # fully masked rows are zeros, as on the reference path
+        out = jnp.where(_row_has_key(mask, out.shape), out, 0).astype(v.dtype)
+    return out
+
+
+def _dropout(
+    probs: Float[Array, "B N L S"], rate: float, rng: Array | None
+) -> Float[Array, "B N L S"]:
+    """Inverted dropout on the attention probabilities."""
+    if rng is None:
+        raise ValueError("dropout_rng is required when dropout_rate > 0 and not deterministic")
+    keep = jax.random.bernoulli(rng, 1.0 - rate, probs.shape)
+    return jnp.where(keep, probs / (1.0 - rate), 0.0)
+
+
+def dot_product_attention(
+    q: Float[Array, "B L N H"],
+    k: Float[Array, "B S K H"],
+    v: Float[Array, "B S K H"],
+    *,
+    mask: Bool[Array, "#B #N #L #S"] | None = None,
+    bias: Float[Array, "#B #N #L #S"] | None = None,
+    score: str = "scaled_dot",
+    score_params: dict[str, Array] | None = None,
+    dropout_rate: float = 0.0,
+    dropout_rng: Array | None = None,
+    deterministic: bool = True,
+    implementation: str = "auto",
+) -> Float[Array, "B L N H"]:
+    """Attention of queries over keys and values (Vaswani et al. 2017, Eq. 1).
+
+    Args:
+      q: queries [B, L, N, H] in the compute dtype.
+      k, v: keys and values [B, S, K, H]; K divides N (multi-query K = 1, grouped-query 1 < K < N).
+      mask: bool, True = may attend, broadcastable to [B, N, L, S].
+      bias: float additive logit bias broadcastable to [B, N, L, S] (relative positions, ALiBi).
+      score: one of `SCORES`; see `attention_logits`.
+      score_params: parameters of the "general" and "additive" scores.
+      dropout_rate: dropout on the attention probabilities (active when not deterministic).
+      dropout_rng: PRNG key for that dropout.
+      deterministic: disables dropout.
+      implementation: "auto" uses `jax.nn.dot_product_attention`'s XLA path for the dot scores
+        without probability dropout, else the reference path; "xla" is "auto" by another name;
+        "cudnn" asks `jax.nn.dot_product_attention` for cuDNN's fused (flash) attention, which
+        needs an NVIDIA GPU, bf16/fp16 inputs, a dot score and no probability dropout (a
+        ValueError says which is missing); "reference" always uses the einsum path written here.
+
+    Returns:
+      [B, L, N, H] in the dtype of `v`; rows whose mask is all False are zeros.
+    """
+    check_qkv(q, k, v)
+    dropout = dropout_rate > 0.0 and not deterministic
+    if use_fast_path(score, implementation, dropout):
+        return _jax_attention(q, k, v, mask, bias, score, implementation)
+    logits = attention_logits(q, k, score=score, score_params=score_params)
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    probs = masked_softmax(logits, mask)  # [B, N, L, S] float32
+    if dropout:
+        probs = _dropout(probs, dropout_rate, dropout_rng)
+    b, n, length, s = probs.shape
+    num_kv = k.shape[2]
+    probs = probs.reshape(b, num_kv, n // num_kv, length, s).astype(v.dtype)  # [B, K, G, L, S]
+    out = jnp.einsum("BKGLS,BSKH->BLKGH", probs, v)
+    return out.reshape(b, length, n, v.shape[-1])  # [B, L, N, H]
