@@ -1,7 +1,12 @@
 """Data for tfjax: embedded datasets, local corpora and files, tokenizers and the grain pipeline.
 
 Submodules:
-  * `datasets`: the `data` config group → tokenized train and eval examples.
+  * `datasets`: the `data` config group → tokenized train and eval examples, one path for
+    every source.
+  * `registry`: the data sources by name (`data.name`), with their formats and splits;
+    `register` adds one.
+  * `catalog`: the built-in sources, registered by name: the generators below, the local
+    corpora, your own files and the hub.
   * `scan`: SCAN (Lake & Baroni 2018) generated from its grammar, with the standard splits.
   * `tasks`: algorithmic tasks (copy, reverse, sort, parity, majority) from a seed.
   * `listops`: ListOps as generated for the Long Range Arena, from a seed.
@@ -18,7 +23,17 @@ imports grain, which itself imports jax, so it is only paid for when batches are
 
 from tfjax import _lazy
 
-_SUBMODULES = ("datasets", "listops", "pipeline", "scan", "sources", "tasks", "tokenizers")
+_SUBMODULES = (
+    "catalog",
+    "datasets",
+    "listops",
+    "pipeline",
+    "registry",
+    "scan",
+    "sources",
+    "tasks",
+    "tokenizers",
+)
 
 __all__ = list(_SUBMODULES)
 __getattr__, __dir__ = _lazy.submodules(__name__, _SUBMODULES)

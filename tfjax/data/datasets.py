@@ -1,25 +1,20 @@
 """From the `data` group of a run config to tokenized train and eval examples.
 
-`DataConfig(**config.data)` names a dataset; `load(data_config, model_kind, workdir)` returns the
-examples in the batch format that the model kind trains on (DESIGN.md, "How data flows"):
+`DataConfig(**config.data)` names a data source; `load(data_config, model_kind, workdir)` reads
+its raw splits and takes them down one path: tokenizer (built or loaded) → encode → drop what
+does not fit the length limits → pack → `Examples`, in the batch format that the model kind
+trains on (DESIGN.md, "How data flows"):
   * encoder_decoder: seq2seq pairs (source → target);
   * decoder_only: "source | target" sequences for pair data, or windows over a text stream
     (`targets_weights` leaves the first token of each window out of the loss, so every other
     token is predicted with 1 to L-1 tokens of context: nanoGPT's setting for L = block + 1);
   * encoder_only: (text, label) classification examples.
 
-Datasets (`data.name`):
-  * embedded, no files: "scan" (Lake & Baroni 2018), the algorithmic tasks of `tfjax.data.tasks`
-    and "listops" (`tfjax.data.listops`);
-  * named local corpora, checksummed (`tfjax.data.sources`): "multi30k", "tinyshakespeare";
-  * "files": your own files. `train_path`/`eval_path` name line-aligned prefixes
-    (`corpus/train` reads `corpus/train.{source_lang}` and `.{target_lang}`) or TSV files
-    (source\ttarget for translation, text\tlabel for classification) or, for decoder_only
-    models, plain text (no `eval_path`: the last 10% of the training text);
-  * "hub": Hugging Face datasets (`hub_name`, `hub_config`; the `hub` extra).
-The tokenizer (`data.tokenizer`: word, char or sentencepiece, joint over source and target) is
-built from the training split on the first run and saved in the workdir, so a resumed or
-evaluated run reuses it.
+Sources (`data.name`) come from `tfjax.data.registry`: the embedded generators, the checksummed
+corpora, "files" and "hub" are registered in `tfjax.data.catalog`, which describes each; nothing
+here depends on which source it is. The tokenizer (`data.tokenizer`: word, char or
+sentencepiece, joint over source and target) is built from the training split on the first run
+and saved in the workdir, so a resumed or evaluated run reuses it.
 """
 
 import dataclasses
@@ -29,18 +24,15 @@ import pathlib
 
 import numpy as np
 
-from tfjax.data import packing, pipeline, scan, sources, tasks, tokenizers
+from tfjax.data import packing, pipeline, registry, tasks, tokenizers
 
 logger = logging.getLogger(__name__)
 
-SEQ2SEQ_NAMES = ("scan", *tasks.SEQ2SEQ_TASKS)
-CLASSIFY_NAMES = (*tasks.CLASSIFICATION_TASKS, "listops")
-CORPUS_NAMES = ("multi30k", "tinyshakespeare", "files", "hub")
-NAMES = (*SEQ2SEQ_NAMES, *CLASSIFY_NAMES, *CORPUS_NAMES)
 TOKENIZERS = ("word", "char", "sentencepiece")
 TOKENIZER_FILE = "tokenizer.json"  # word and char vocabularies
 SENTENCEPIECE_FILE = "tokenizer.model"
-TEXT_EVAL_FRACTION = 0.1  # plain-text LM files without eval_path: the last 10% is eval
+# The example format each model kind trains on (`registry.FORMATS`).
+MODEL_FORMATS = {"encoder_decoder": "seq2seq", "decoder_only": "lm", "encoder_only": "classify"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,19 +40,19 @@ class DataConfig:
     """The `data` config group.
 
     Attributes:
-      name: one of `NAMES` (see the module docstring).
+      name: a registered source (`registry.names()`; the built-ins: `tfjax.data.catalog`).
       dir: data folder of the named corpora ("" = $TFJAX_DATA_DIR, else ../shared/data).
       source_lang, target_lang: translation direction (multi30k, files, hub).
-      train_path, eval_path: the files of `name="files"` (see the module docstring); for "hub"
+      train_path, eval_path: the files of `name="files"` (see `tfjax.data.catalog`); for "hub"
         with a local builder such as "json", the data files of the train and eval splits.
       hub_name, hub_config: Hugging Face dataset and configuration ("wmt14", "de-en").
       tokenizer: "word", "char" or "sentencepiece" (joint over source and target).
       vocab_size: SentencePiece vocabulary size, specials included.
       spm_model_type: SentencePiece "bpe" or "unigram".
       scan_split: SCAN split ("simple", "length", "addprim_jump").
-      eval_split: the held-out split evaluated during training: "test" for embedded data and
-        files, "val" or "test2016" for multi30k, "val" for tinyshakespeare, a split name for
-        hub data; "train" everywhere.
+      eval_split: the held-out split evaluated during training, one of the source's splits
+        (`eval_splits(name)`): "test" for embedded data and files, "val" or "test2016" for
+        multi30k, "val" for tinyshakespeare, a split name for hub data; "train" everywhere.
       max_source_len: longest encoded source (EOS included); longer examples are dropped.
       max_target_len: longest encoded target (EOS included); for language models the length of
         the whole "source | target" sequence, or the window length over a text stream.
@@ -111,24 +103,16 @@ class DataConfig:
         }
 
     def __post_init__(self):
-        if self.name not in NAMES:
-            raise ValueError(f"DataConfig.name={self.name!r} is not one of {NAMES}")
-        if self.name == "scan" and self.scan_split not in scan.SPLITS:
-            raise ValueError(
-                f"DataConfig.scan_split={self.scan_split!r} is not one of {scan.SPLITS}"
-            )
-        if self.tokenizer not in TOKENIZERS:
-            raise ValueError(f"DataConfig.tokenizer={self.tokenizer!r} is not one of {TOKENIZERS}")
-        splits = eval_splits(self.name)
-        if splits and self.eval_split not in splits:
+        source = registry.get(self.name)  # ValueError listing the registered names
+        if source.splits and self.eval_split not in source.splits:
             raise ValueError(
                 f"DataConfig.eval_split={self.eval_split!r} is not a split of {self.name!r}: "
-                f"choose one of {splits}"
+                f"choose one of {source.splits}"
             )
-        if self.name == "files" and not self.train_path:
-            raise ValueError("data.name='files' needs data.train_path (see DataConfig)")
-        if self.name == "hub" and not self.hub_name:
-            raise ValueError("data.name='hub' needs data.hub_name, e.g. 'wmt14'")
+        if source.check is not None:
+            source.check(self)
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"DataConfig.tokenizer={self.tokenizer!r} is not one of {TOKENIZERS}")
         if self.lm_stride < 0:
             raise ValueError(f"DataConfig.lm_stride must be >= 0, got {self.lm_stride}")
         for field in (
@@ -146,14 +130,8 @@ class DataConfig:
 
 
 def eval_splits(name: str) -> tuple[str, ...]:
-    """The splits `data.eval_split` may name for dataset `name` (empty: any hub split)."""
-    if name == "multi30k":
-        return sources.MULTI30K_SPLITS
-    if name == "tinyshakespeare":
-        return sources.SHAKESPEARE_SPLITS
-    if name == "hub":
-        return ()
-    return ("test", "train")
+    """The splits `data.eval_split` may name for source `name` (empty: any hub split)."""
+    return registry.get(name).splits
 
 
 @dataclasses.dataclass
@@ -173,101 +151,32 @@ class Examples:
     eval_stream: np.ndarray | None = None
 
 
-def _generated(cfg: DataConfig, split: str, seed: int):
-    """Raw examples of an embedded dataset: (text, text) pairs or (text, label) examples."""
-    if cfg.name == "scan":
-        return scan.split(cfg.scan_split, seed=seed)[split]
-    # Distinct seeds per split: the test examples are generated independently of the train ones.
-    size = cfg.num_train_examples if split == "train" else cfg.num_eval_examples
-    split_seed = 2 * seed if split == "train" else 2 * seed + 1
-    if cfg.name == "listops":
-        from tfjax.data import listops
-
-        return listops.generate(
-            size,
-            seed=split_seed,
-            min_length=cfg.listops_min_len,
-            max_length=cfg.listops_max_len,
-            max_depth=cfg.listops_max_depth,
-            max_args=cfg.listops_max_args,
-        )
-    if cfg.name in CLASSIFY_NAMES:
-        return tasks.classification_task(
-            cfg.name, size, min_len=cfg.task_min_len, max_len=cfg.task_max_len, seed=split_seed
-        )
-    make = {"copy": tasks.copy_task, "reverse": tasks.reverse_task, "sort": tasks.sort_task}
-    return make[cfg.name](
-        size,
-        min_len=cfg.task_min_len,
-        max_len=cfg.task_max_len,
-        num_symbols=cfg.num_symbols,
-        seed=split_seed,
-    )
-
-
-def _from_files(cfg: DataConfig, split: str, fmt: str):
-    """Raw examples of `name="files"`: pairs, (text, label) rows or a text string."""
-    path = cfg.train_path if split == "train" else cfg.eval_path
-    if fmt == "classify":
-        if not path:
-            raise ValueError("classification files need data.eval_path for evaluation")
-        return sources.read_classification(path)
-    if fmt == "lm" and not path.endswith(".tsv") and not _is_prefix(cfg, path):
-        if not cfg.eval_path:  # one text file: the last 10% evaluates
-            text = sources.read_text(cfg.train_path)
-            part = "train" if split == "train" else "val"
-            return sources.split_text(text, part, 1 - TEXT_EVAL_FRACTION)
-        return sources.read_text(path)
-    if not path:
-        raise ValueError("translation files need data.eval_path for evaluation")
-    if path.endswith(".tsv"):
-        return sources.read_parallel(path)
-    return sources.read_parallel(f"{path}.{cfg.source_lang}", f"{path}.{cfg.target_lang}")
-
-
-def _is_prefix(cfg: DataConfig, path: str) -> bool:
-    return bool(path) and pathlib.Path(f"{path}.{cfg.source_lang}").is_file()
-
-
-def _raw(cfg: DataConfig, split: str, fmt: str, seed: int):
-    """Raw examples of `split`: pairs, (text, label) rows, or one string (text LM)."""
-    if cfg.name == "multi30k":
-        root = sources.data_dir(cfg.dir)
-        return sources.multi30k(
-            root, split, source_lang=cfg.source_lang, target_lang=cfg.target_lang
-        )
-    if cfg.name == "tinyshakespeare":
-        return sources.tinyshakespeare(sources.data_dir(cfg.dir), split)
-    if cfg.name == "files":
-        return _from_files(cfg, split, fmt)
-    if cfg.name == "hub":
-        files = cfg.train_path if split == "train" else cfg.eval_path
-        return sources.hub_pairs(
-            cfg.hub_name,
-            split,
-            config=cfg.hub_config,
-            source_lang=cfg.source_lang,
-            target_lang=cfg.target_lang,
-            data_files=files or None,
-        )
-    return _generated(cfg, split, seed)
-
-
-def _format(cfg: DataConfig, model_kind: str) -> str:
-    wanted = {"encoder_decoder": "seq2seq", "decoder_only": "lm", "encoder_only": "classify"}
-    fmt = wanted[model_kind]
-    classify_data = cfg.name in CLASSIFY_NAMES
-    sequence_data = cfg.name in SEQ2SEQ_NAMES or cfg.name in ("multi30k", "hub")
-    if (fmt == "classify" and sequence_data) or (fmt != "classify" and classify_data):
+def _format(source: registry.Source, model_kind: str) -> str:
+    """The example format `model_kind` trains on, if `source` provides it."""
+    fmt = MODEL_FORMATS[model_kind]
+    if fmt not in source.formats:
+        kinds = [kind for kind, wanted in MODEL_FORMATS.items() if wanted in source.formats]
         raise ValueError(
-            f"data.name={cfg.name!r} cannot train a model of kind {model_kind!r}: "
-            f"classification data ({CLASSIFY_NAMES}) goes with encoder_only models, "
-            f"sequence data ({SEQ2SEQ_NAMES}, multi30k, hub) with encoder_decoder or "
-            "decoder_only models"
+            f"data.name={source.name!r} cannot train a model of kind {model_kind!r}: it "
+            f"provides {'/'.join(source.formats)} examples, which train {' or '.join(kinds)} "
+            "models"
         )
-    if cfg.name == "tinyshakespeare" and fmt != "lm":
-        raise ValueError("tinyshakespeare is plain text: train a decoder_only model on it")
     return fmt
+
+
+def _read(source: registry.Source, cfg: DataConfig, fmt: str, seed: int):
+    """The raw train and eval splits of `source`, each checked to be non-empty."""
+    splits = ("train", cfg.eval_split)
+    raws = [source.read(registry.Request(cfg, split, seed, fmt)) for split in splits]
+    for split, raw in zip(splits, raws, strict=True):
+        if isinstance(raw, str) and fmt != "lm":
+            raise ValueError(
+                f"data {cfg.name!r}: split {split!r} is a text stream, which only trains "
+                "decoder_only models; declare the source's formats as registry.TEXT"
+            )
+        if len(raw) == 0:
+            raise ValueError(f"data {cfg.name!r}: split {split!r} is empty")
+    return raws
 
 
 def _tokenizer_texts(raw, fmt: str) -> list[str]:
@@ -354,6 +263,16 @@ def _encode(raw, fmt: str, tokenizer, cfg: DataConfig, *, train: bool, kept=None
     return pipeline.encode_classify(raw, tokenizer, max_len=cfg.max_source_len)
 
 
+def _train_examples(raw, fmt: str, tokenizer, cfg: DataConfig, seed: int) -> list:
+    """The encoded training split, packed if `data.pack` (pair data only)."""
+    train = _encode(raw, fmt, tokenizer, cfg, train=True)
+    if cfg.pack and fmt != "classify" and not isinstance(raw, str):
+        unpacked = len(train)
+        train = packing.pack(train, cfg.packed_lengths, seed=seed)
+        logger.info("packed %d training examples into %d rows", unpacked, len(train))
+    return train
+
+
 def load(
     cfg: DataConfig, model_kind: str, *, seed: int, workdir: str | os.PathLike | None = None
 ) -> Examples:
@@ -361,20 +280,13 @@ def load(
 
     Raises:
       ValueError: for data that cannot train `model_kind`, an empty split, or no example that
-        fits the length limits (and the errors of `tfjax.data.sources` for bad files).
+        fits the length limits (and the errors of the source's reader for bad files).
     """
-    fmt = _format(cfg, model_kind)
-    raw_train = _raw(cfg, "train", fmt, seed)
-    raw_eval = _raw(cfg, cfg.eval_split, fmt, seed)
-    for split, raw in (("train", raw_train), (cfg.eval_split, raw_eval)):
-        if len(raw) == 0:
-            raise ValueError(f"data {cfg.name!r}: split {split!r} is empty")
+    source = registry.get(cfg.name)
+    fmt = _format(source, model_kind)
+    raw_train, raw_eval = _read(source, cfg, fmt, seed)
     tokenizer = _tokenizer(cfg, _tokenizer_texts(raw_train, fmt), workdir)
-    train = _encode(raw_train, fmt, tokenizer, cfg, train=True)
-    if cfg.pack and fmt != "classify" and not isinstance(raw_train, str):
-        unpacked = len(train)
-        train = packing.pack(train, cfg.packed_lengths, seed=seed)
-        logger.info("packed %d training examples into %d rows", unpacked, len(train))
+    train = _train_examples(raw_train, fmt, tokenizer, cfg, seed)
     kept: list[int] = []
     evaluation = _encode(raw_eval, fmt, tokenizer, cfg, train=False, kept=kept)
     if not train or not evaluation:
