@@ -34,40 +34,44 @@ import jax
 from jaxtyping import Array, Float
 
 
-@jax.custom_vjp
+@jax.custom_jvp
 def matmul(x: Float[Array, "M I"], w: Float[Array, "I O"]) -> Float[Array, "M O"]:
-    """x · w with the backward pass of the module docstring."""
+    """x · w with the backward pass of the module docstring; forward mode works too."""
     return x @ w
 
 
-def _matmul_fwd(x, w):
-    return x @ w, (x, w)
+# `matmul` is a custom_jvp, not a custom_vjp, so that forward mode (`jax.jvp`, `jax.jacfwd`,
+# `jax.hessian`, Hessian-vector products) works. Its tangent map is written with the
+# materialised transposes of the backward pass above, arranged so that JAX's own transpose of
+# that linear map is exactly that backward: the transpose of `dx · (W^T)^T` is `dy · W^T`, and
+# `optimization_barrier` and `.T` transpose to themselves. The compiled train step is the same
+# program as with the former hand-written custom_vjp (tests/test_linear.py compares them).
 
 
-def _bwd_cpu(x, w, dy):
-    """The backward of the module docstring: materialised transposes, row-major products."""
+def _tangent_cpu(x, w, dx, dw):
+    """d(x · w) for XLA:CPU, laid out so that its transpose is the module docstring's backward."""
+    contract_last = (((1,), (1,)), ((), ()))
     w_t = jax.lax.optimization_barrier(w.T)  # [O, I], materialised
-    dx = dy @ w_t  # [M, I]
-    if x.shape[1] > dy.shape[1]:  # I > O: transpose dy [M, O], the smaller operand
-        dy_t = jax.lax.optimization_barrier(dy.T)  # [O, M]
-        dw = jax.lax.optimization_barrier(dy_t @ x).T  # [O, I] -> [I, O]
-    else:
-        x_t = jax.lax.optimization_barrier(x.T)  # [I, M]
-        dw = x_t @ dy
-    return dx, dw
+    out = jax.lax.dot_general(dx, w_t, contract_last)  # dx · w; transposes to dy · w_t
+    if x.shape[1] > w.shape[1]:  # I > O: the backward transposes dy [M, O], the smaller operand
+        dw_t = jax.lax.optimization_barrier(dw.T)  # [O, I]
+        product = jax.lax.dot_general(dw_t, x, contract_last)  # [O, M]; transposes to dy_t · x
+        return out + jax.lax.optimization_barrier(product).T
+    x_t = jax.lax.optimization_barrier(x.T)  # [I, M], materialised
+    return out + jax.lax.dot_general(x_t, dw, (((0,), (0,)), ((), ())))  # transposes to x_t · dy
 
 
-def _bwd_default(x, w, dy):
+def _tangent_default(x, w, dx, dw):
     """Autodiff's products: GPU and TPU matmuls read transposed operands at no cost."""
-    return dy @ w.T, x.T @ dy
+    return dx @ w + x @ dw
 
 
-def _matmul_bwd(residuals, dy):
-    x, w = residuals
-    return jax.lax.platform_dependent(x, w, dy, cpu=_bwd_cpu, default=_bwd_default)
-
-
-matmul.defvjp(_matmul_fwd, _matmul_bwd)
+@matmul.defjvp
+def _matmul_jvp(primals, tangents):
+    x, w = primals
+    dx, dw = tangents
+    tangent = jax.lax.platform_dependent(x, w, dx, dw, cpu=_tangent_cpu, default=_tangent_default)
+    return x @ w, tangent
 
 
 def _is_dense(lhs: Array, rhs: Array, dimension_numbers) -> bool:
