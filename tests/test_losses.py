@@ -98,6 +98,81 @@ def test_cross_entropy_gradient_is_p_minus_q(batch, eps, dtype):
     np.testing.assert_allclose(grad, jax.grad(objective)(z, plain), atol=tol)
 
 
+def _plain_cross_entropy(z, t, w, label_smoothing):
+    """Autodiff reference: smoothed CE minus its entropy, and NLL, with no custom derivative."""
+    V = z.shape[-1]
+    eps = label_smoothing
+    log_p = jax.nn.log_softmax(z.astype(jnp.float32))
+    onehot = jax.nn.one_hot(t, V)
+    q = onehot * (1 - eps - eps / (V - 1)) + eps / (V - 1)
+    q_log_q = jnp.sum(jnp.where(q > 0, q * jnp.log(jnp.where(q > 0, q, 1.0)), 0.0), -1)
+    loss = -jnp.sum(q * log_p, -1) + q_log_q
+    return jnp.sum(loss * w), jnp.sum(-jnp.sum(onehot * log_p, -1) * w)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_cross_entropy_weight_gradient_equals_autodiff(eps):
+    # The issue's shape (1, 3, 5): d loss / d weights is each token's loss, not a constant.
+    rng = np.random.default_rng(5)
+    z = jnp.asarray(rng.normal(size=(1, 3, 5)) * 2, jnp.float32)
+    t = jnp.asarray([[0, 3, 1]], jnp.int32)
+    w = jnp.asarray([[1.0, 0.5, 2.0]], jnp.float32)
+
+    def objective(ce, z, w):
+        loss_sum, nll_sum = ce(z, t, w, label_smoothing=eps)
+        return 2.0 * loss_sum + 3.0 * nll_sum
+
+    got = jax.grad(functools.partial(objective, losses.cross_entropy), argnums=(0, 1))(z, w)
+    want = jax.grad(functools.partial(objective, _plain_cross_entropy), argnums=(0, 1))(z, w)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    # Written out: d/dw_i (2 · loss_i + 3 · nll_i) w_i = 2 · loss_i + 3 · nll_i.
+    log_p = _log_softmax(np.asarray(z))[0]
+    nll = -log_p[np.arange(3), [0, 3, 1]]
+    per_token_loss = np.asarray(
+        [_plain_cross_entropy(z, t, jnp.eye(3)[i][None], eps)[0] for i in range(3)]
+    )
+    np.testing.assert_allclose(got[1][0], 2.0 * per_token_loss + 3.0 * nll, rtol=1e-5)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_forward_mode_through_the_loss_equals_plain_autodiff(batch, eps):
+    logits, targets, weights = (jnp.asarray(a) for a in batch)
+    dz = jnp.cos(jnp.arange(logits.size, dtype=jnp.float32)).reshape(logits.shape)
+    dw = jnp.sin(jnp.arange(weights.size, dtype=jnp.float32)).reshape(weights.shape)
+
+    def objective(ce, z, w):
+        loss_sum, nll_sum = ce(z, targets, w, label_smoothing=eps)
+        return 2.0 * loss_sum + 3.0 * nll_sum
+
+    ours = functools.partial(objective, losses.cross_entropy)
+    plain = functools.partial(objective, _plain_cross_entropy)
+    got = jax.jvp(ours, (logits, weights), (dz, dw))
+    want = jax.jvp(plain, (logits, weights), (dz, dw))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+    # A Hessian-vector product in the logits, and the full Hessian of one token's logits.
+    def hvp(f):
+        return jax.jvp(jax.grad(f), (logits, weights), (dz, dw))[1]
+
+    np.testing.assert_allclose(hvp(ours), hvp(plain), rtol=1e-4, atol=1e-5)
+
+    def one(f):
+        return lambda z: f(logits.at[0, 0].set(z), weights)
+
+    np.testing.assert_allclose(
+        jax.hessian(one(ours))(logits[0, 0]), jax.hessian(one(plain))(logits[0, 0]), atol=1e-5
+    )
+
+
+def test_label_smoothing_needs_two_classes():
+    z, t, w = jnp.zeros((1, 2, 1)), jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2))
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        losses.cross_entropy(z, t, w, label_smoothing=0.1)
+    # Without smoothing a single class is certain: zero loss, not a negative one.
+    assert losses.cross_entropy(z, t, w)[0] == 0.0
+
+
 def test_smoothed_loss_includes_entropy_offset(batch):
     # With smoothing, loss + weight_sum · H(q) is the raw smoothed cross-entropy -Σ q log p.
     logits, targets, weights = batch

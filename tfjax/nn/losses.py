@@ -43,6 +43,11 @@ def _smoothing_targets(label_smoothing: float, vocab_size: int) -> tuple[float, 
     """Returns (confidence, off-target probability, entropy of the smoothed target distribution)."""
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing: expected a value in [0, 1), got {label_smoothing}")
+    if label_smoothing > 0.0 and vocab_size < 2:
+        raise ValueError(
+            f"label_smoothing={label_smoothing} needs at least 2 classes, got {vocab_size}: "
+            "smoothing spreads mass over the other classes (set it to 0 or add classes)"
+        )
     confidence = 1.0 - label_smoothing
     low = label_smoothing / max(vocab_size - 1, 1)
     entropy = -confidence * math.log(confidence)
@@ -73,7 +78,8 @@ def cross_entropy(
         log-likelihood of `targets` (for perplexity). Both are sums of per-token values × weights.
 
     Raises:
-        ValueError: if ε is outside [0, 1) or the shapes disagree.
+        ValueError: if ε is outside [0, 1), ε > 0 with fewer than 2 classes, or the shapes
+            disagree.
     """
     B, L, V = logits.shape
     _check_shape("targets", targets.shape, (B, L))
@@ -85,17 +91,21 @@ def cross_entropy(
 
 
 # The loss over the vocabulary is the largest elementwise work of a train step ([B, L, V] for a
-# few hundred FLOPs per token elsewhere), so its gradient is written by hand: one fused pass
-# computes d/dlogits = w * (g_loss * (p - q) + g_nll * (p - onehot)) from the saved
-# log-sum-exp, where autodiff of log_softmax + take_along_axis made a scatter into a [B, L, V]
-# zero array and two more [B, L, V] passes (figures: the README's Speed section).
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+# few hundred FLOPs per token elsewhere), so its derivative is written by hand: the backward pass
+# is one fused pass d/dlogits = w * (g_loss * (p - q) + g_nll * (p - onehot)) over the saved
+# logits and log-sum-exp, where autodiff of log_softmax + take_along_axis made a scatter into a
+# [B, L, V] zero array and two more [B, L, V] passes (figures: the README's Speed section).
+# It is a custom_jvp whose tangent map is linear in d_logits and d_weights, so forward mode
+# (jax.jvp, jax.hessian) works and JAX's transpose of the tangent map is that fused pass; the
+# weights get their true cotangent Σ g · (per-token loss).
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def _weighted_token_losses(logits, targets, weights, confidence: float, low: float):
     """(Σ w · smoothed CE, Σ w · nll) in float32; q = low + (confidence - low) · onehot."""
-    return _token_losses_fwd(logits, targets, weights, confidence, low)[0]
+    return _token_losses(logits, targets, weights, confidence, low)[0]
 
 
-def _token_losses_fwd(logits, targets, weights, confidence, low):
+def _token_losses(logits, targets, weights, confidence, low):
+    """The two sums, and (float32 logits, lse, per-token smoothed CE, per-token nll)."""
     z = logits.astype(jnp.float32)  # [B, L, V]
     lse = jax.nn.logsumexp(z, axis=-1)  # [B, L]
     nll = lse - jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]  # -log p_target
@@ -106,21 +116,26 @@ def _token_losses_fwd(logits, targets, weights, confidence, low):
     if low > 0.0:
         smoothed = smoothed + low * (z.shape[-1] * lse - jnp.sum(z, axis=-1))
     sums = (jnp.sum(smoothed * weights), jnp.sum(nll * weights))
-    return sums, (logits, lse, targets, weights)
+    return sums, (z, lse, smoothed, nll)
 
 
-def _token_losses_bwd(confidence, low, residuals, cotangents):
-    logits, lse, targets, weights = residuals
-    g_loss, g_nll = cotangents  # float32 scalars
-    probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])  # [B, L, V]
-    is_target = jnp.arange(logits.shape[-1]) == targets[..., None]  # [B, L, V]
-    # q sums to 1 over the vocabulary, so d(-Σ q log p)/dz = p - q; d nll/dz = p - onehot.
-    subtract = jnp.where(is_target, confidence * g_loss + g_nll, low * g_loss)
-    grads = (probs * (g_loss + g_nll) - subtract) * weights[..., None]
-    return grads.astype(logits.dtype), None, None
-
-
-_weighted_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
+@_weighted_token_losses.defjvp
+def _token_losses_jvp(confidence, low, primals, tangents):
+    logits, targets, weights = primals
+    d_logits, _, d_weights = tangents  # the integer targets have no tangent
+    sums, (z, lse, smoothed, nll) = _token_losses(logits, targets, weights, confidence, low)
+    probs = jnp.exp(z - lse[..., None])  # [B, L, V]
+    is_target = jnp.arange(z.shape[-1]) == targets[..., None]  # [B, L, V]
+    # d nll = Σ_v (p_v - onehot_v) dz_v and, as q sums to 1, d(-Σ q log p) = Σ_v (p_v - q_v) dz_v.
+    # Σ_v p_v dz_v is shared by both, so their cotangents add before the one [B, L, V] product.
+    wdz = d_logits.astype(jnp.float32) * weights[..., None]  # [B, L, V]
+    expected = jnp.sum(probs * wdz)
+    at_target = jnp.sum(jnp.where(is_target, wdz, 0.0))
+    d_smoothed = expected - (confidence - low) * at_target + jnp.sum(smoothed * d_weights)
+    if low > 0.0:
+        d_smoothed = d_smoothed - low * jnp.sum(wdz)
+    d_nll = expected - at_target + jnp.sum(nll * d_weights)
+    return sums, (d_smoothed, d_nll)
 
 
 # 2^126: the largest power of two whose product with a normal float32 difference (>= 2^-126)
