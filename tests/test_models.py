@@ -60,6 +60,8 @@ def test_parameter_counts_match_the_paper(name, paper_millions):
         (dict(norm="batchnorm"), "norm"),
         (dict(kind="seq2seq"), "kind"),
         (dict(dropout_rate=1.0), "dropout_rate"),
+        (dict(kind="encoder_only", num_classes=1), "num_classes must be >= 2"),
+        (dict(vocab_size=1), "vocab_size must be >= 2"),
         (dict(positional_combine="concat", positional_dim=0), "positional_dim"),
         (dict(positional_combine="concat", positional_dim=4, positional="rotary"), "concat"),
         (dict(attention_impl="cudnn"), "dtype='float32'"),

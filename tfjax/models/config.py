@@ -156,6 +156,12 @@ def _check_sizes(cfg: ModelConfig) -> None:
     for field in positive:
         if getattr(cfg, field) <= 0:
             raise ValueError(f"ModelConfig.{field} must be > 0, got {getattr(cfg, field)}")
+    for field in ("vocab_size", "num_classes"):
+        if getattr(cfg, field) < 2:
+            raise ValueError(
+                f"ModelConfig.{field} must be >= 2, got {getattr(cfg, field)}: a softmax over "
+                "one class is always certain (a yes/no label is num_classes=2)"
+            )
     for field in (
         "num_decoder_layers",
         "num_kv_heads",
