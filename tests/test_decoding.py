@@ -271,6 +271,60 @@ def test_filter_top_p_keeps_the_smallest_set_reaching_p():
         decoding.filter_top_p(logits, 0.0)
 
 
+def test_filter_top_k_breaks_ties_by_index():
+    logits = jnp.array([[1.0, 3.0, 3.0, 3.0], [2.0, 2.0, 2.0, 2.0]])
+    kept = np.asarray(decoding.filter_top_k(logits, 2) > decoding.FILTERED)
+    np.testing.assert_array_equal(kept, [[0, 1, 1, 0], [1, 1, 0, 0]])  # exactly k, lower ids
+
+
+@pytest.mark.parametrize(
+    "probs, p, want",
+    [
+        ([0.4, 0.2, 0.2, 0.2], 0.5, [1, 1, 0, 0]),  # a tie at the threshold: keep what p needs
+        ([0.2, 0.2, 0.4, 0.2], 0.5, [1, 0, 1, 0]),  # ... the lower id among the tied
+        ([0.25, 0.25, 0.25, 0.25], 0.5, [1, 1, 0, 0]),  # uniform logits are filtered too
+        ([0.25, 0.25, 0.25, 0.25], 0.51, [1, 1, 1, 0]),
+        ([0.5, 0.25, 0.125, 0.125], 0.75, [1, 1, 0, 0]),  # exact dyadic boundary: mass >= p
+        ([0.125, 0.5, 0.125, 0.25], 0.75, [0, 1, 0, 1]),  # the same, out of rank order
+        ([0.125, 0.5, 0.125, 0.25], 0.76, [1, 1, 0, 1]),
+    ],
+)
+def test_filter_top_p_tie_rule_and_boundary(probs, p, want):
+    logits = jnp.log(jnp.array([probs]))
+    kept = np.asarray(decoding.filter_top_p(logits, p) > decoding.FILTERED)
+    np.testing.assert_array_equal(kept[0], want)
+
+
+def _renormalised(logits, temperature, top_k, top_p):
+    """The sampling distribution written out in numpy: softmax(z / T), top-k, then top-p."""
+    probs = np.exp(np.asarray(logits, np.float64) / temperature)
+    probs /= probs.sum()
+    order = np.argsort(-probs, kind="stable")
+    keep = np.zeros(len(probs), bool)
+    keep[order[:top_k]] = True
+    probs = np.where(keep, probs, 0.0) / probs[keep].sum()
+    mass_above = np.cumsum(probs[order]) - probs[order]
+    keep = np.zeros(len(probs), bool)
+    keep[order[mass_above < top_p]] = True
+    return np.where(keep, probs, 0.0) / probs[keep].sum()
+
+
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p", [(1.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 4, 1.0), (0.7, 5, 0.8)]
+)
+def test_sampled_frequencies_follow_the_renormalised_distribution(temperature, top_k, top_p):
+    logits = jnp.array([2.0, 1.5, 1.0, 0.3, 0.0, -0.5])
+    draws = 20_000
+    tokens = jax.jit(
+        functools.partial(decoding.sample_logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    )(jnp.tile(logits, (draws, 1)), jax.random.key(11))
+    frequencies = np.bincount(np.asarray(tokens), minlength=6) / draws
+    want = _renormalised(logits, temperature, top_k or 6, top_p)
+    # 20k draws: the standard error of a frequency is at most 0.0036; allow about 4 of them.
+    np.testing.assert_allclose(frequencies, want, atol=0.015)
+    assert frequencies[want == 0].sum() == 0
+
+
 def test_decode_loop_stops_at_eos_and_pads_finished_rows():
     # Stub model: the logits of position t are fixed; row 0 says EOS (2) at t = 1, row 1 at t = 3.
     wanted = jnp.array([[5, 2, 7, 8, 9], [6, 7, 8, 2, 9]], jnp.int32)  # [B, T]

@@ -162,9 +162,16 @@ def first_step(
 # Choosing the next token.
 
 
-def filter_top_k(logits: Float[Array, "B V"], k: int) -> Float[Array, "B V"]:
-    """Keeps the k largest of the [B, V] logits per row (ties with the k-th too); k = 0: all.
+def _rank_order(logits: Float[Array, "B V"]) -> tuple[Int[Array, "B V"], Int[Array, "B V"]]:
+    """(token ids best first, each token's rank): equal logits rank by index, lower first."""
+    order = jnp.argsort(-logits, axis=-1, stable=True)  # [B, V]
+    return order, jnp.argsort(order, axis=-1)  # the rank is the inverse permutation
 
+
+def filter_top_k(logits: Float[Array, "B V"], k: int) -> Float[Array, "B V"]:
+    """Keeps exactly the k most likely of the [B, V] logits per row; k = 0: all.
+
+    Ties are broken by index (the lower token id is kept), so exactly k tokens stay.
     Returns float32 [B, V]: kept logits unchanged, the others `FILTERED`.
     """
     if k < 0:
@@ -172,27 +179,31 @@ def filter_top_k(logits: Float[Array, "B V"], k: int) -> Float[Array, "B V"]:
     logits = logits.astype(jnp.float32)
     if k == 0 or k >= logits.shape[-1]:
         return logits
-    kth = jax.lax.top_k(logits, k)[0][:, -1:]  # [B, 1]
-    return jnp.where(logits >= kth, logits, FILTERED)
+    _, kept = jax.lax.top_k(logits, k)  # [B, k]; lax.top_k takes the lower index among ties
+    keep = jnp.zeros(logits.shape, bool).at[jnp.arange(logits.shape[0])[:, None], kept].set(True)
+    return jnp.where(keep, logits, FILTERED)
 
 
 def filter_top_p(logits: Float[Array, "B V"], p: float) -> Float[Array, "B V"]:
     """Nucleus filtering: keeps the smallest set of most likely tokens whose probability >= p.
 
-    A token of the [B, V] logits is kept when the tokens ranked strictly above it hold < p, so
-    the most likely one always stays (Holtzman et al. 2020, §3.1); p in (0, 1], 1.0 = all.
-    Returns float32 [B, V]: kept logits unchanged, the others `FILTERED`.
+    Tokens are ranked by probability, equal probabilities by index (lower id first); a token is
+    kept when the tokens ranked above it hold < p, so the most likely one always stays
+    (Holtzman et al. 2020, §3.1) and a tie at the threshold keeps only as many tied tokens as
+    the mass needs (.4/.2/.2/.2 with p = .5 keeps tokens 0 and 1; uniform logits keep ⌈p·V⌉).
+    p in (0, 1], 1.0 = all. Returns float32 [B, V]: kept logits unchanged, the others
+    `FILTERED`.
     """
     if not 0.0 < p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {p}")
     logits = logits.astype(jnp.float32)
     if p == 1.0:
         return logits
-    ranked = jnp.sort(logits, axis=-1)[:, ::-1]  # [B, V] descending
-    probs = jax.nn.softmax(ranked, axis=-1)
-    mass_above = jnp.cumsum(probs, axis=-1) - probs  # [B, V]
-    threshold = jnp.min(jnp.where(mass_above < p, ranked, jnp.inf), axis=-1, keepdims=True)
-    return jnp.where(logits >= threshold, logits, FILTERED)
+    order, ranks = _rank_order(logits)  # [B, V] each
+    ranked_probs = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), order, axis=-1)
+    mass_above = jnp.cumsum(ranked_probs, axis=-1) - ranked_probs  # [B, V] in rank order
+    keep = jnp.take_along_axis(mass_above < p, ranks, axis=-1)  # [B, V] back in token order
+    return jnp.where(keep, logits, FILTERED)
 
 
 def _check_sampling(temperature: float, top_k: int, top_p: float, rng: Array | None) -> None:
