@@ -62,7 +62,7 @@ def _setup():
     return state, step, batches
 
 
-def _run(strategy, state, step, batches):
+def _run(strategy, state, step, batches, *, inspect=None):
     abstract = jax.eval_shape(lambda: state)
     compiled = strategy.compile_train_step(step, abstract)
     state = strategy.put_state(state)
@@ -70,6 +70,8 @@ def _run(strategy, state, step, batches):
     for batch in batches:
         state, metrics = compiled(state, strategy.put_batch(batch), jax.random.key(1))
         losses.append(float(metrics["loss_sum"] / metrics["weight_sum"]))
+    if inspect is not None:
+        inspect(state)
     return jax.device_get(strategy.host_state(state).params), losses
 
 
@@ -93,6 +95,34 @@ def test_parallel_modes_match_one_device(mode, fsdp):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=ATOL), params, expected)
     moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), expected, initial)
     assert max(jax.tree.leaves(moved)) > 1e-2  # the parameters really trained
+
+
+def _fsdp_sharded(tree) -> list[bool]:
+    """Per array leaf: is it partitioned over the "fsdp" mesh axis?"""
+    leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) and x.ndim]
+    return ["fsdp" in tuple(x.sharding.spec) for x in leaves]
+
+
+def test_fsdp_step_really_shards_parameters_and_adam_moments():
+    # The test model's 22 arrays are all under FSDP_MIN_SIZE, so with the default nothing is
+    # sharded and a bug in the sharded path would pass. With the threshold at 64 elements every
+    # matrix is split over the fsdp axis; the step must still match one device.
+    state, step, batches = _setup()
+    default = strategies.create("sharded", fsdp=2).shardings(jax.eval_shape(lambda: state))
+    assert all(x.spec == jax.sharding.PartitionSpec() for x in jax.tree.leaves(default))
+    expected, expected_losses = _single_device(state, step, batches)
+    seen = {}
+
+    def inspect(state):
+        seen["params"] = _fsdp_sharded(state.params)
+        seen["moments"] = _fsdp_sharded(state.opt_state)
+
+    strategy = strategies.create("sharded", fsdp=2, fsdp_min_size=64)
+    params, losses = _run(strategy, state, step, batches, inspect=inspect)
+    assert sum(seen["params"]) >= 10, seen["params"]  # the [D, ...] and [V, D] matrices
+    assert sum(seen["moments"]) == 2 * sum(seen["params"])  # Adam's mu and nu follow them
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=ATOL), params, expected)
 
 
 def test_fsdp_shards_large_parameters_and_rejects_bad_sizes():

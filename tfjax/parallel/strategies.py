@@ -22,6 +22,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MODES = ("pmap", "sharded")
 AXIS_NAME = "batch"
+# Arrays with fewer elements stay replicated under FSDP: gathering them costs more than they save.
+FSDP_MIN_SIZE = 2**14
 
 
 def initialize_distributed() -> None:
@@ -99,9 +101,12 @@ def _first_replica(x: jax.Array) -> jax.Array:
     return x.addressable_shards[0].data[0]
 
 
-def _fsdp_spec(shape: tuple[int, ...], fsdp: int) -> PartitionSpec:
-    """Shards the largest dimension divisible by the fsdp axis; replicates small arrays."""
-    if fsdp <= 1 or not shape or int(np.prod(shape)) < 2**14:
+def _fsdp_spec(
+    shape: tuple[int, ...], fsdp: int, min_size: int = FSDP_MIN_SIZE
+) -> PartitionSpec:
+    """Shards the largest dimension divisible by the fsdp axis; replicates arrays of fewer
+    than `min_size` elements."""
+    if fsdp <= 1 or not shape or int(np.prod(shape)) < min_size:
         return PartitionSpec()
     for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
         if shape[dim] % fsdp == 0:
@@ -114,11 +119,12 @@ def _fsdp_spec(shape: tuple[int, ...], fsdp: int) -> PartitionSpec:
 class Sharded:
     """`jax.jit` with `NamedSharding`: batch over ("data", "fsdp"), parameters over "fsdp"."""
 
-    def __init__(self, fsdp: int = 1):
+    def __init__(self, fsdp: int = 1, fsdp_min_size: int = FSDP_MIN_SIZE):
         devices = jax.devices()
         if fsdp < 1 or len(devices) % fsdp:
             raise ValueError(f"parallel.fsdp={fsdp} must divide the device count {len(devices)}")
         self.fsdp = fsdp
+        self.fsdp_min_size = fsdp_min_size
         self.mesh = Mesh(np.array(devices).reshape(-1, fsdp), ("data", "fsdp"))
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.batch_sharding = NamedSharding(self.mesh, PartitionSpec(("data", "fsdp")))
@@ -126,7 +132,9 @@ class Sharded:
 
     def shardings(self, abstract_state: Any) -> Any:
         return jax.tree.map(
-            lambda x: NamedSharding(self.mesh, _fsdp_spec(tuple(x.shape), self.fsdp)),
+            lambda x: NamedSharding(
+                self.mesh, _fsdp_spec(tuple(x.shape), self.fsdp, self.fsdp_min_size)
+            ),
             abstract_state,
         )
 
@@ -153,12 +161,12 @@ class Sharded:
         )
 
 
-def create(mode: str, *, fsdp: int = 1) -> Pmap | Sharded:
-    """The strategy for `parallel.mode` (one of `MODES`)."""
+def create(mode: str, *, fsdp: int = 1, fsdp_min_size: int = FSDP_MIN_SIZE) -> Pmap | Sharded:
+    """The strategy for `parallel.mode` (one of `MODES`); `fsdp_min_size`: see `_fsdp_spec`."""
     if mode == "pmap":
         if fsdp != 1:
             raise ValueError("parallel.fsdp > 1 needs parallel.mode='sharded'")
         return Pmap()
     if mode == "sharded":
-        return Sharded(fsdp)
+        return Sharded(fsdp, fsdp_min_size)
     raise ValueError(f"parallel.mode={mode!r} is not one of {MODES}")
