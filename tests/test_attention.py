@@ -204,6 +204,19 @@ def test_mha_low_rank_values_and_scores_have_parameters():
         assert np.isfinite(np.asarray(module.apply(variables, x))).all()
 
 
+def test_low_rank_values_are_the_two_matmuls_written_out():
+    # Self-attention over one key: the softmax is 1, so the output is out((x·W_down)·W_up + b).
+    x = jax.random.normal(jax.random.key(0), (B, 1, N * H))
+    module = _mha(value_rank=3)
+    params = module.init(jax.random.key(1), x)["params"]
+    params = jax.tree.map(lambda p: p + 0.1 * jnp.cos(jnp.arange(p.size)).reshape(p.shape), params)
+    down, up, out = params["value_down"]["kernel"], params["value_up"], params["out"]
+    v = np.einsum("bsd,dr->bsr", x, down)  # [B, 1, r]
+    v = np.einsum("bsr,rnh->bsnh", v, up["kernel"]) + up["bias"]  # [B, 1, N, H]
+    want = np.einsum("bsnh,nhd->bsd", v, out["kernel"]) + out["bias"]
+    np.testing.assert_allclose(module.apply({"params": params}, x), want, rtol=1e-5, atol=1e-5)
+
+
 def test_rotary_attention_is_invariant_to_a_global_position_shift():
     x = jax.random.normal(jax.random.key(0), (B, L, N * H))
     module = _mha(rotary=True)

@@ -97,6 +97,7 @@ CACHE_VARIANTS = {
     "alibi": dict(positional="alibi"),
     "gqa": dict(num_kv_heads=1),
     "general_score": dict(score="general"),  # the cache transposed back for the einsum path
+    "low_rank_values": dict(value_rank=3),  # the cache holds value_up's output
 }
 
 
