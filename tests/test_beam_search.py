@@ -1,6 +1,7 @@
 """tfjax.inference.beam_search: length penalty, beam 1 = greedy, beam >= greedy, n-best order."""
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -133,6 +134,58 @@ def test_stops_once_no_alive_beam_can_beat_the_worst_finished():
     full = dict(finished_flags=jnp.array([[True, True]]))
     assert not running(_state(finished_scores=jnp.array([[-0.5, -0.9]]), **full))
     assert running(_state(finished_scores=jnp.array([[-0.5, -1.1]]), **full))
+
+
+def test_stopping_bound_uses_the_longest_reachable_length_with_alpha():
+    # alpha = 1: the best alive beam (log-prob -1 at t = 2) can still reach -1 / lp(5) = -0.6,
+    # better than the worst finished -0.7, so the search goes on; a bound with lp(t) (-0.857)
+    # would have stopped it. Against a worst finished -0.5 it stops.
+    running = functools.partial(beam_search.should_continue, max_length=5, alpha=1.0)
+    full = dict(finished_flags=jnp.array([[True, True]]))
+    assert (
+        -1.0 / beam_search.length_penalty(2, 1.0) < -0.7 < -1.0 / beam_search.length_penalty(5, 1.0)
+    )
+    assert running(_state(finished_scores=jnp.array([[-0.5, -0.7]]), **full))
+    assert not running(_state(finished_scores=jnp.array([[-0.3, -0.5]]), **full))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.5])
+def test_exhaustive_beam_equals_brute_force_enumeration(alpha):
+    # Vocabulary 6, length 3: with a beam as wide as every candidate nothing is pruned, so the
+    # n-best list must be every EOS-terminated sequence, ranked by log P(Y|X) / lp(|Y|) computed
+    # here from teacher-forced logits.
+    vocab, length, eos = 6, 3, 2
+    model = models.create_model(models.ModelConfig(**{**TINY, "vocab_size": vocab}))
+    src = jnp.array([[5, 4, 3, 3]], jnp.int32)
+    params = _jit(model.init)(jax.random.key(3), src, src)["params"]
+    others = [t for t in range(vocab) if t != eos]
+    hypotheses = [
+        (*prefix, eos) + (0,) * (length - 1 - len(prefix))
+        for n in range(length)
+        for prefix in itertools.product(others, repeat=n)
+    ]  # 1 + 5 + 25 sequences
+    targets = jnp.array(hypotheses, jnp.int32)
+    logits = model.apply({"params": params}, jnp.repeat(src, len(hypotheses), 0), targets)
+    log_p = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)), np.float64)
+    scores = []
+    for row, hypothesis in zip(log_p, hypotheses, strict=True):
+        size = hypothesis.index(eos) + 1
+        total = sum(row[i, hypothesis[i]] for i in range(size))
+        scores.append(total / ((5.0 + size) / 6.0) ** alpha)
+    order = np.argsort(scores)[::-1]
+    width = vocab**length  # every candidate of every step fits in the beam
+    search = functools.partial(
+        beam_search.beam_search,
+        model,
+        max_length=length,
+        eos_id=eos,
+        beam_size=width,
+        alpha=alpha,
+        num_return=len(hypotheses),
+    )
+    seqs, got = _jit(search)(params, src)
+    np.testing.assert_allclose(got[0], np.asarray(scores)[order], rtol=1e-5, atol=1e-5)
+    assert [tuple(s) for s in np.asarray(seqs[0])] == [hypotheses[i] for i in order]
 
 
 def test_beam_search_rejects_bad_options():
