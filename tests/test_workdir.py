@@ -1,9 +1,9 @@
 """The road from a workdir to text (`tfjax.runs.workdir`, `tfjax.runs.evaluator`) and its CLIs.
 
 Tiny workdirs are trained once per module, in-process, one per model kind and tokenizer kind
-that decodes text: encoder-decoders with word and SentencePiece tokenizers (the small `reverse`
-task, whose eval split decodes in seconds), decoder-only LMs with word and character tokenizers
-(`configs/lm.py:tiny`), and an encoder-only classifier. Every entry point is tested on every
+(word, character, SentencePiece): encoder-decoders on the small `reverse` task, whose eval split
+decodes in seconds, decoder-only LMs (`configs/lm.py:tiny`) and encoder-only classifiers
+(`configs/classify.py:tiny`). Every entry point is tested on every
 workdir it accepts and refuses every other with a message that names the right tool. The tests
 that start `python -m experiments.*` subprocesses are marked slow.
 """
@@ -44,8 +44,30 @@ RUNS = {  # name: (config spec, overrides)
         "configs/lm.py:tiny",
         ["train.num_train_steps=2", "data.tokenizer=char", "data.max_target_len=48"],
     ),
+    "seq2seq_char": (
+        "configs/base.py:tiny",
+        [*REVERSE, "data.tokenizer=char", "data.max_source_len=20", "data.max_target_len=20"],
+    ),
+    "lm_spm": (
+        "configs/lm.py:tiny",
+        [
+            "train.num_train_steps=2",
+            "data.tokenizer=sentencepiece",
+            "data.vocab_size=40",
+            "data.max_target_len=48",
+        ],
+    ),
     "classify": ("configs/classify.py:tiny", ["train.num_train_steps=2"]),
+    "classify_char": (
+        "configs/classify.py:tiny",
+        ["train.num_train_steps=2", "data.tokenizer=char"],
+    ),
+    "classify_spm": (
+        "configs/classify.py:tiny",
+        ["train.num_train_steps=2", "data.tokenizer=sentencepiece", "data.vocab_size=30"],
+    ),
 }
+KIND_OF = {name: name.split("_")[0] for name in RUNS}  # seq2seq, lm or classify
 LONG_LINE = " ".join(f"s{i % 10}" for i in range(12))  # 12 words; the word model reads 7 (+ EOS)
 
 
@@ -67,21 +89,13 @@ def trained(tmp_path_factory):
 # load: one object per model kind, errors that name the right tool
 
 
-@pytest.mark.parametrize(
-    "name, cls",
-    [
-        ("seq2seq_word", workdir.Translator),
-        ("seq2seq_spm", workdir.Translator),
-        ("lm_word", workdir.Generator),
-        ("lm_char", workdir.Generator),
-        ("classify", workdir.Trained),
-    ],
-)
-def test_load_gives_the_decoder_of_each_kind(trained, name, cls):
+@pytest.mark.parametrize("name", list(RUNS))
+def test_load_gives_the_decoder_of_each_kind(trained, name):
+    cls = {"seq2seq": workdir.Translator, "lm": workdir.Generator, "classify": workdir.Trained}
     loaded = workdir.load(trained(name))
-    assert type(loaded) is cls and loaded.step == 2
+    assert type(loaded) is cls[KIND_OF[name]] and loaded.step == 2
     assert loaded.config.model.kind == loaded.run.model_config.kind
-    text = "s1 s2 s3" if name != "classify" else "1 0 1"
+    text = "1 0 1" if name.startswith("classify") else "s1 s2 s3"
     ids = loaded.tokenizer.encode(text)
     assert loaded.detokenize([*ids, tokenizers.EOS_ID, *ids]) == text  # stops at EOS
 
@@ -134,7 +148,7 @@ def test_translator_encode_truncates_and_warns(trained):
     assert "line 4: yy, zz not in the model's vocabulary" in warnings[2]
 
 
-@pytest.mark.parametrize("name", ["seq2seq_word", "seq2seq_spm"])
+@pytest.mark.parametrize("name", ["seq2seq_word", "seq2seq_spm", "seq2seq_char"])
 def test_translate_keeps_one_output_per_line(trained, name):
     translator = workdir.load(trained(name))
     limit = translator.config.data.max_source_len - 1
@@ -184,7 +198,7 @@ def test_generator_encode_pads_right_and_warns(trained):
         generator.encode([], 4)
 
 
-@pytest.mark.parametrize("name", ["lm_word", "lm_char"])
+@pytest.mark.parametrize("name", ["lm_word", "lm_char", "lm_spm"])
 def test_generate_batches_prompts_of_different_lengths(trained, name):
     generator = workdir.load(trained(name))
     prompts = ["s1 s2 |", "s3 s1 s4 s5 s0 |"]
@@ -233,13 +247,39 @@ def test_evaluate_beam_search_train_split_and_sentencepiece(trained):
     assert 0.0 <= record["bleu"] <= 100.0
 
 
-@pytest.mark.parametrize("name", ["lm_word", "lm_char", "classify"])
+@pytest.mark.parametrize(
+    "name", ["lm_word", "lm_char", "lm_spm", "classify", "classify_char", "classify_spm"]
+)
 def test_evaluate_teacher_forced_runs(trained, name):
     path = trained(name)
     record = evaluator.evaluate_workdir(path)
     assert {"loss", "accuracy"} <= set(record)
     assert "bleu" not in record and "beam_size" not in record
     assert json.loads((path / "eval.json").read_text()) == record
+
+
+@pytest.mark.parametrize("name", ["seq2seq_char", "seq2seq_spm"])
+def test_evaluate_greedy_on_other_tokenizers(trained, name):
+    record = evaluator.evaluate_workdir(trained(name), max_examples=4)
+    assert record["num_examples"] == 4 and 0.0 <= record["bleu"] <= 100.0
+    assert record["exact_match"] == record["greedy_exact_match"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(RUNS))
+def test_train_resumes_on_every_kind(trained, name, tmp_path):
+    # A second run with more steps continues the first: no step twice, same tokenizer file.
+    path = tmp_path / name
+    shutil.copytree(trained(name), path)
+    tokenizer_files = {p.name: p.read_bytes() for p in path.glob("tokenizer.*")}
+    spec, overrides = RUNS[name]
+    config = config_utils.load_config(spec, [*overrides, "train.num_train_steps=4"])
+    trainer.train_and_evaluate(config, path)
+    records = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in records if r["kind"] == "train"]
+    assert train_steps == sorted(set(train_steps)) and train_steps[-1] == 4, train_steps
+    assert {p.name: p.read_bytes() for p in path.glob("tokenizer.*")} == tokenizer_files
+    assert workdir.load(path).step == 4
 
 
 def test_evaluate_errors(trained):
@@ -268,7 +308,7 @@ def _command(module: str, *args: str, stdin: str | None = None) -> subprocess.Co
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["seq2seq_word", "lm_char", "classify"])
+@pytest.mark.parametrize("name", list(RUNS))
 def test_evaluate_command(trained, name):
     path = trained(name)
     done = _command("evaluate", f"--workdir={path}", "--beam_size=2")
@@ -280,7 +320,7 @@ def test_evaluate_command(trained, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["seq2seq_word", "seq2seq_spm"])
+@pytest.mark.parametrize("name", ["seq2seq_word", "seq2seq_spm", "seq2seq_char"])
 def test_translate_command_reads_stdin(trained, name):
     sentence = "s1 s2 s3 s4 s5 s6 s7 s8 s9 s0 s1 s2 s3 s4"  # longer than both models read
     done = _command("translate", f"--workdir={trained(name)}", stdin=f"s1 s2 s3\n\n{sentence}\n")
@@ -292,7 +332,7 @@ def test_translate_command_reads_stdin(trained, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["lm_word", "lm_char"])
+@pytest.mark.parametrize("name", ["lm_word", "lm_char", "lm_spm"])
 def test_generate_command(trained, name):
     done = _command(
         "generate", f"--workdir={trained(name)}", "--prompt=s1 s2 |", "--prompt=s3 s1 s4 s5 s0 |"
