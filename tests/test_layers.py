@@ -1,5 +1,6 @@
 """tfjax.nn.layers: norms, feed-forward, embeddings and residual sub-layers vs formulas."""
 
+import functools
 import math
 
 import jax
@@ -7,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfjax.nn import layers
+from tfjax import models
+from tfjax.nn import layers, linear, losses
 
 X = jax.random.normal(jax.random.key(0), (2, 3, 8)) * 3.0 + 1.0
 
@@ -96,6 +98,77 @@ def test_tied_logits_gradients_are_the_matmul_gradients():
     np.testing.assert_allclose(
         layers.tied_logits(x, table), np.asarray(x) @ np.asarray(table).T, rtol=1e-5, atol=1e-5
     )
+
+
+def test_tied_logits_forward_mode_and_hvp_equal_the_einsum():
+    kx, kt, kv = jax.random.split(jax.random.key(3), 3)
+    x, table = jax.random.normal(kx, (2, 3, 4)), jax.random.normal(kt, (7, 4))
+    v = jax.random.normal(kv, (7, 4))
+
+    def loss(fn, table):
+        return jnp.sum(jnp.tanh(fn(x, table)) ** 2)
+
+    ours = functools.partial(loss, layers.tied_logits)
+    plain = functools.partial(loss, lambda x, t: jnp.einsum("BLE,VE->BLV", x, t))
+    np.testing.assert_allclose(
+        jax.jvp(ours, (table,), (v,)), jax.jvp(plain, (table,), (v,)), rtol=1e-5
+    )
+    hvp = lambda f: jax.jvp(jax.grad(f), (table,), (v,))[1]  # noqa: E731
+    np.testing.assert_allclose(hvp(ours), hvp(plain), rtol=1e-4, atol=1e-5)
+
+
+def _plain_matmul_tied_logits_and_loss(monkeypatch):
+    """Replaces tfjax's three custom derivatives by plain autodiff."""
+    monkeypatch.setattr(linear, "matmul", jnp.matmul)
+    monkeypatch.setattr(layers, "tied_logits", lambda x, t: jnp.einsum("BLE,VE->BLV", x, t))
+
+    def token_losses(logits, targets, weights, confidence, low):
+        log_p = jax.nn.log_softmax(logits.astype(jnp.float32))
+        nll = -jnp.take_along_axis(log_p, targets[..., None], axis=-1)[..., 0]
+        smoothed = (confidence - low) * nll - low * jnp.sum(log_p, axis=-1)
+        return jnp.sum(smoothed * weights), jnp.sum(nll * weights)
+
+    monkeypatch.setattr(losses, "_weighted_token_losses", token_losses)
+
+
+@pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
+def test_forward_mode_and_hvp_through_a_whole_model_equal_plain_autodiff(kind, monkeypatch):
+    # jax.jvp and a Hessian-vector product of the training loss in the parameters, through
+    # every dense layer, the tied output projection and the loss, against the same model with
+    # plain autodiff everywhere.
+    cfg = models.ModelConfig(
+        kind=kind,
+        vocab_size=11,
+        embed_dim=8,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=2,
+        mlp_dim=16,
+        dropout_rate=0.0,
+    )
+    model = models.create_model(cfg)
+    tokens = jnp.array([[3, 4, 5, 6, 2], [7, 8, 2, 0, 0]], jnp.int32)
+    segments = (tokens > 0).astype(jnp.int32)
+    args = (tokens, tokens) if kind == "encoder_decoder" else (tokens,)
+    params = model.init(jax.random.key(0), *args)["params"]
+    direction = jax.tree.map(
+        lambda p: jnp.sin(jnp.arange(p.size, dtype=p.dtype)).reshape(p.shape), params
+    )
+
+    def loss(params):
+        logits = model.apply({"params": params}, *args)
+        return losses.compute_metrics(logits, tokens, segments, label_smoothing=0.1)["loss_sum"]
+
+    def derivatives():
+        jvp = jax.jvp(loss, (params,), (direction,))
+        return jvp, jax.jvp(jax.grad(loss), (params,), (direction,))[1]
+
+    ours = derivatives()
+    _plain_matmul_tied_logits_and_loss(monkeypatch)
+    plain = derivatives()
+    np.testing.assert_allclose(ours[0], plain[0], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(ours[1]), jax.tree.leaves(plain[1]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
 
 
 @pytest.mark.parametrize("position", ["post", "pre"])
