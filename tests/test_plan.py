@@ -160,6 +160,15 @@ def test_model_flops_match_the_benchmarks_formula():
     assert counted == mfu.train_flops(2, shape)[0]
 
 
+def test_the_1b_preset_has_tinyllamas_parameter_count():
+    """TinyLlama 1.1B has 1,100,048,384 parameters; tfjax's output layer adds a bias of V."""
+    config = config_utils.load_config("configs/lm.py:1b")
+    model = models.create_model(build.make_model_config(config, 0))
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens))["params"]
+    assert sum(x.size for x in jax.tree.leaves(params)) == 1_100_048_384 + 32_000
+
+
 def test_collectives_are_read_from_hlo_text():
     text = "\n".join(
         [
