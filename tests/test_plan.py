@@ -377,6 +377,12 @@ def test_megacore_chips_are_one_device_each(libtpu):
 
 
 @pytest.mark.slow
+def test_a_chip_overrides_the_datasheet_not_the_layout(libtpu):
+    slice_ = topology.get_topology("v5e:2x2", chip="v4")  # v4's megacore layout would fail
+    assert slice_.chip.name == "v4" and slice_.devices[0].device_kind == "TPU v5 lite"
+
+
+@pytest.mark.slow
 def test_libtpu_refusals_are_one_line(libtpu):
     with pytest.raises(errors.ConfigError, match="libtpu refuses it") as raised:
         topology.get_topology("v5e:3x3")

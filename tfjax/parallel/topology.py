@@ -120,7 +120,9 @@ def get_topology(name: str, chip: str | None = None) -> Topology:
             f"{', '.join(CHIPS)}; plan a slice of one of those"
         )
     spec = get_chip(chip or generation)
-    devices = _tpu_devices(name, spec.chip_config)
+    # How libtpu lays out the slice is the generation's, whichever datasheet is compared with.
+    layout = CHIPS[generation].chip_config if generation in CHIPS else "default"
+    devices = _tpu_devices(name, layout)
     _check_device_kind(name, devices, spec, chip)
     return Topology(name, devices, math.prod(int(n) for n in shape.split("x")), spec)
 
