@@ -9,9 +9,10 @@ memory estimate against the chip's HBM, the collectives in the compiled program,
 compiled FLOPs per step, and a roofline step time from the chip's datasheet
 (`tfjax.runs.plan`). Nothing runs and nothing is allocated.
 
-`--mesh=data:D,fsdp:F` sets `parallel.mode=sharded` and `parallel.fsdp=F` (any other axis names
-an integer `parallel.*` field); `data` may be left out (the rest of the devices). Without it the
-config's own `parallel` group applies; any field can be overridden with `--config.a.b=value`.
+`--mesh=data:D,fsdp:F` sets `parallel.mode=sharded` and `parallel.fsdp=F` (each axis of
+`tfjax.parallel.strategies.MESH_AXES` but data sets the `parallel` field of its name); `data`
+may be left out (it takes the devices left). Without it the config's own `parallel` group
+applies; any field can be overridden with `--config.a.b=value`.
 `--chip=v5e` gives a CPU topology a datasheet. `--json` prints the plan as one JSON object.
 Errors the user can fix print one line and exit with status 2 (`experiments/cli.py`).
 """
