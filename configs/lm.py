@@ -6,11 +6,23 @@ the separator, while the source half itself is unpredictable, so token accuracy 
 sequences tops out near the share of target tokens.
 
 Presets (`--config=configs/lm.py:NAME`): `base` (paper-sized stack: 6 layers, d_model 512),
-`big` (d_model 1024, 16 heads), `cpu` (a small model for a 2-core CPU), `tiny` (tests).
+`big` (d_model 1024, 16 heads), `1b` (1.1B parameters, see below), `cpu` (a small model for a
+2-core CPU), `tiny` (tests).
   python -m experiments.train --config=configs/lm.py:cpu
 Expected on a 2-core x86 CPU: about 2 minutes; test token accuracy about 0.58 (the ceiling: the
 random source half cannot be predicted) and greedy continuations of "s3 s1 s4 s9 |" that
 reverse the prompt (`python -m experiments.generate --workdir=runs/lm_cpu --prompt "..."`).
+
+`1b` is the architecture of TinyLlama 1.1B (Zhang et al. 2024, "TinyLlama: An Open-Source Small
+Language Model", §2.2 and Table 1, after Llama 2): d_model 2048, 22 pre-RMSNorm layers, 32
+query and 4 key/value heads (grouped-query attention), a SwiGLU MLP 5632 wide, rotary
+positions, no biases but the output layer's (which Llama lacks), an untied 32,000-token output
+layer and 2048-token rows: 1,100,080,384 parameters. Its optimizer is TinyLlama's too (AdamW,
+β2 0.95, weight decay 0.1, clipping at 1.0, cosine from 4e-4 to 4e-5 after 2,000 warmup
+steps); bf16 compute, float32 parameters and Adam moments. It is sized for an accelerator
+slice; plan one with
+  python -m experiments.plan --config=configs/lm.py:1b --topology=v5p:2x2x2 --mesh=fsdp:8
+Its data is still this file's toy task: point `data` at a real corpus to train it.
 
 Sweeps: `positional` (sinusoidal, rotary, alibi, relative), `norm` (post-LN vs pre-LN).
 """
@@ -20,6 +32,36 @@ from configs import common
 PRESETS = {
     "base": {},
     "big": common.BIG,
+    "1b": {
+        "model.vocab_size": 32000,
+        "model.embed_dim": 2048,
+        "model.num_layers": 22,
+        "model.num_heads": 32,
+        "model.num_kv_heads": 4,
+        "model.mlp_dim": 5632,
+        "model.max_len": 2048,
+        "model.activation": "swiglu",
+        "model.norm": "rmsnorm",
+        "model.norm_position": "pre",
+        "model.layer_norm_epsilon": 1e-5,
+        "model.positional": "rotary",
+        "model.use_bias": False,
+        "model.tie_output": False,
+        "model.scale_embeddings": False,
+        "model.dropout_rate": 0.0,
+        "model.dtype": "bfloat16",
+        "data.max_target_len": 2048,
+        "optim.optimizer": "adamw",
+        "optim.schedule": "cosine",
+        "optim.learning_rate": 4e-4,
+        "optim.warmup_steps": 2000,
+        "optim.b2": 0.95,
+        "optim.eps": 1e-8,
+        "optim.weight_decay": 0.1,
+        "optim.grad_clip_norm": 1.0,
+        "optim.end_lr_fraction": 0.1,
+        "train.global_batch_size": 16,
+    },
     "cpu": {
         "model.embed_dim": 128,
         "model.num_layers": 2,

@@ -313,6 +313,32 @@ def load(
     return Examples(train, evaluation, tokenizer, fmt, references, stream)
 
 
+def train_row_shapes(cfg: DataConfig, model_kind: str) -> dict[str, tuple[int, ...]]:
+    """The shape of each field of one training row `load` would give, without reading data.
+
+    What ahead-of-time planning needs (`tfjax.runs.plan`): every field is int32; a batch
+    stacks rows on a leading B axis. Text-stream sources (formats `registry.TEXT`) give
+    windows of `max_target_len` with `targets_weights`; pair data gives padded rows of the
+    length limits, or packed rows of `packed_lengths` with positions when `pack` is on.
+
+    Raises:
+      tfjax.errors.ConfigError: if the source cannot train `model_kind`.
+    """
+    source = registry.get(cfg.name)
+    fmt = _format(source, model_kind)
+    if fmt == "classify":
+        length = cfg.max_source_len
+        return {"inputs": (length,), "inputs_segment_ids": (length,), "labels": ()}
+    if source.formats == registry.TEXT:
+        length = cfg.max_target_len
+        return {f"targets{suffix}": (length,) for suffix in ("", "_segment_ids", "_weights")}
+    fields = ("inputs", "targets") if fmt == "seq2seq" else ("targets",)
+    limits = {"inputs": cfg.max_source_len, "targets": cfg.max_target_len}
+    lengths = cfg.packed_lengths if cfg.pack else limits
+    suffixes = ("", "_segment_ids", "_positions") if cfg.pack else ("", "_segment_ids")
+    return {f"{field}{suffix}": (lengths[field],) for field in fields for suffix in suffixes}
+
+
 def sample_windows(ids: np.ndarray, length: int, count: int, *, seed: int) -> list:
     """`count` LM windows of `length` at uniformly random offsets (nanoGPT's loss estimate).
 

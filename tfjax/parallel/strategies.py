@@ -12,7 +12,7 @@ own slice of the global batch (the per-host batch size is global / process_count
 """
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -23,6 +23,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tfjax import errors
 
 MODES = ("pmap", "sharded")
+# The mesh of mode "sharded"; each axis but "data" has the size of the `parallel` config field
+# of its name (the data axis takes the remaining devices).
+MESH_AXES = ("data", "fsdp")
 AXIS_NAME = "batch"
 # Arrays with fewer elements stay replicated under FSDP: gathering them costs more than they save.
 FSDP_MIN_SIZE = 2**14
@@ -117,17 +120,26 @@ def _fsdp_spec(shape: tuple[int, ...], fsdp: int, min_size: int = FSDP_MIN_SIZE)
 
 
 class Sharded:
-    """`jax.jit` with `NamedSharding`: batch over ("data", "fsdp"), parameters over "fsdp"."""
+    """`jax.jit` with `NamedSharding`: batch over ("data", "fsdp"), parameters over "fsdp".
 
-    def __init__(self, fsdp: int = 1, fsdp_min_size: int = FSDP_MIN_SIZE):
-        devices = jax.devices()
+    `devices` (default: all of the job's) may be devices of a topology this host does not have
+    (`tfjax.parallel.topology`): the step then compiles ahead of time but cannot run.
+    """
+
+    def __init__(
+        self,
+        fsdp: int = 1,
+        fsdp_min_size: int = FSDP_MIN_SIZE,
+        devices: Sequence[jax.Device] | None = None,
+    ):
+        devices = list(jax.devices() if devices is None else devices)
         if fsdp < 1 or len(devices) % fsdp:
             raise errors.ConfigError(
                 f"parallel.fsdp={fsdp} must divide the device count {len(devices)}"
             )
         self.fsdp = fsdp
         self.fsdp_min_size = fsdp_min_size
-        self.mesh = Mesh(np.array(devices).reshape(-1, fsdp), ("data", "fsdp"))
+        self.mesh = Mesh(np.array(devices).reshape(-1, fsdp), MESH_AXES)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.batch_sharding = NamedSharding(self.mesh, PartitionSpec(("data", "fsdp")))
         self.state_sharding = None
@@ -153,6 +165,20 @@ class Sharded:
             lambda x: jax.make_array_from_process_local_data(self.batch_sharding, x), batch
         )
 
+    def abstract_inputs(self, abstract_state: Any, batch: dict[str, jax.ShapeDtypeStruct]) -> tuple:
+        """(state, batch, rng) as `jax.ShapeDtypeStruct`s placed as the compiled step takes
+        them: what `compile_train_step(...).lower(*inputs)` needs to compile without data."""
+
+        def place(tree, sharding):
+            return jax.tree.map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sharding
+            )
+
+        state = place(abstract_state, self.shardings(abstract_state))
+        batch = place(batch, jax.tree.map(lambda _: self.batch_sharding, batch))
+        rng = jax.eval_shape(lambda: jax.random.key(0))
+        return state, batch, jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=self.replicated)
+
     def compile_train_step(self, train_step: Callable, abstract_state: Any) -> Callable:
         self.state_sharding = self.shardings(abstract_state)
         return jax.jit(
@@ -163,12 +189,24 @@ class Sharded:
         )
 
 
-def create(mode: str, *, fsdp: int = 1, fsdp_min_size: int = FSDP_MIN_SIZE) -> Pmap | Sharded:
-    """The strategy for `parallel.mode` (one of `MODES`); `fsdp_min_size`: see `_fsdp_spec`."""
+def create(
+    mode: str,
+    *,
+    fsdp: int = 1,
+    fsdp_min_size: int = FSDP_MIN_SIZE,
+    devices: Sequence[jax.Device] | None = None,
+) -> Pmap | Sharded:
+    """The strategy for `parallel.mode` (one of `MODES`); `fsdp_min_size`: see `_fsdp_spec`.
+
+    `devices` (mode "sharded" only) replaces the job's devices, e.g. by a topology's
+    compile-only devices for ahead-of-time planning.
+    """
     if mode == "pmap":
         if fsdp != 1:
             raise errors.ConfigError("parallel.fsdp > 1 needs parallel.mode='sharded'")
+        if devices is not None:
+            raise ValueError("Pmap runs on the job's own devices; plan with mode='sharded'")
         return Pmap()
     if mode == "sharded":
-        return Sharded(fsdp, fsdp_min_size)
+        return Sharded(fsdp, fsdp_min_size, devices)
     raise errors.ConfigError(f"parallel.mode={mode!r} is not one of {MODES}")

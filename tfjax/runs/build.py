@@ -106,29 +106,18 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Run:
     examples = datasets.load(
         datasets.DataConfig(**config.data), config.model.kind, seed=config.seed, workdir=workdir
     )
-    fields = config.model.to_dict()
-    fields["vocab_size"] = fields["vocab_size"] or examples.tokenizer.vocab_size
-    model_config = models.ModelConfig(**fields)
+    model_config = make_model_config(config, examples.tokenizer.vocab_size)
     model = models.create_model(model_config)
-    optim_config = _optim_config(config)
-    optimizer, schedule = optim.make_optimizer(optim_config, model_config.embed_dim)
-    strategy = strategies.create(config.parallel.mode, fsdp=config.parallel.fsdp)
+    optimizer, schedule = make_optimizer(config, model_config)
+    strategy = make_strategy(config)
     sample = jax.tree.map(lambda x: jnp.zeros((1, *x.shape), x.dtype), examples.train[0])
-    abstract_state = jax.eval_shape(
-        lambda: steps.create_train_state(
-            model, optimizer, jax.random.key(0), sample, model_config.kind
+    abstract_state = abstract_train_state(model, optimizer, sample, model_config.kind)
+    train_step = make_train_step(config, model, optimizer, schedule)
+    eval_step = jax.jit(
+        steps.make_eval_step(
+            model, kind=model_config.kind, label_smoothing=config.train.label_smoothing
         )
     )
-    kind, smoothing = model_config.kind, config.train.label_smoothing
-    train_step = steps.make_train_step(
-        model,
-        optimizer,
-        schedule,
-        kind=kind,
-        label_smoothing=smoothing,
-        grad_accum_steps=optim_config.grad_accum_steps,
-    )
-    eval_step = jax.jit(steps.make_eval_step(model, kind=kind, label_smoothing=smoothing))
     return Run(
         config,
         model_config,
@@ -140,6 +129,49 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Run:
         abstract_state,
         optimizer,
         make_greedy(model, config.data.max_target_len),
+    )
+
+
+# The pieces of `build` that need no data: ahead-of-time planning (`tfjax.runs.plan`) builds
+# the same model, optimizer, step and strategy from them, so it plans what training runs.
+
+
+def make_model_config(
+    config: ml_collections.ConfigDict, tokenizer_vocab_size: int
+) -> models.ModelConfig:
+    """`ModelConfig(**config.model)`; `model.vocab_size` 0 takes the tokenizer's size."""
+    fields = config.model.to_dict()
+    fields["vocab_size"] = fields["vocab_size"] or tokenizer_vocab_size
+    return models.ModelConfig(**fields)
+
+
+def make_optimizer(config: ml_collections.ConfigDict, model_config: models.ModelConfig):
+    """(optimizer, schedule) of `config.optim` (`tfjax.training.optim.make_optimizer`)."""
+    return optim.make_optimizer(_optim_config(config), model_config.embed_dim)
+
+
+def make_strategy(config: ml_collections.ConfigDict, devices=None):
+    """The strategy of `config.parallel` over `devices` (default: the job's devices)."""
+    return strategies.create(config.parallel.mode, fsdp=config.parallel.fsdp, devices=devices)
+
+
+def make_train_step(config: ml_collections.ConfigDict, model, optimizer, schedule):
+    """The pure train step of `config` (`tfjax.training.steps.make_train_step`), not compiled."""
+    return steps.make_train_step(
+        model,
+        optimizer,
+        schedule,
+        kind=config.model.kind,
+        label_smoothing=config.train.label_smoothing,
+        grad_accum_steps=config.optim.grad_accum_steps,
+    )
+
+
+def abstract_train_state(model, optimizer, sample: dict, kind: str) -> steps.TrainState:
+    """The train state as `jax.ShapeDtypeStruct`s (`jax.eval_shape`: nothing is allocated);
+    `sample` is a batch (arrays or `ShapeDtypeStruct`s) that only provides shapes."""
+    return jax.eval_shape(
+        lambda: steps.create_train_state(model, optimizer, jax.random.key(0), sample, kind)
     )
 
 

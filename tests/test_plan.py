@@ -1,0 +1,431 @@
+"""Ahead-of-time planning (`tfjax.runs.plan`, `experiments/plan.py`) against references built here.
+
+The CPU path compiles for the 8 simulated devices of conftest.py (`cpu:8`) and is checked
+against the real thing: parameter bytes against real arrays placed by the strategy, FSDP
+against the shard counts, collectives against what data parallelism and FSDP must do, FLOPs
+against 6 · N · tokens. The TPU path needs libtpu (the `tpu` extra) and skips without it.
+Compiling takes seconds, so those tests are slow; the errors and the counting are not.
+"""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import config_utils
+from experiments.bench import mfu, workload
+from tfjax import errors, models
+from tfjax.data import datasets
+from tfjax.models import flops
+from tfjax.parallel import costs, strategies, topology
+from tfjax.runs import build, plan
+from tfjax.training import steps
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Decoder-only, tied output; a 1024 x 32 token table (32,768 elements) is large enough for FSDP
+# to shard (strategies.FSDP_MIN_SIZE), the layer weights (32 x 64 ...) are not.
+TINY = ["model.vocab_size=1024", "train.global_batch_size=8"]
+# The same family with matmuls that dominate the step, for the FLOPs checks.
+SMALL = [*TINY, "model.embed_dim=128", "model.mlp_dim=512", "model.num_layers=2"]
+
+
+def _config(overrides, mesh=None, devices=8):
+    config = config_utils.load_config("configs/lm.py:tiny", overrides)
+    return plan.apply_mesh(config, mesh, devices) if mesh else config
+
+
+def _real_params(config):
+    """The parameters of `config`'s model, initialised for real (arrays, not shapes)."""
+    model_config = build.make_model_config(config, 0)
+    model = models.create_model(model_config)
+    rows = datasets.train_row_shapes(datasets.DataConfig(**config.data), model_config.kind)
+    sample = {k: jnp.zeros((1, *s), jnp.int32) for k, s in rows.items()}
+    args, kwargs = steps.model_inputs(sample, model_config.kind)
+    return model.init(jax.random.key(0), *args, **kwargs)["params"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: one line each, before anything compiles.
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("v5e-16", ["unknown topology 'v5e-16'", "cpu:N", "v5e:4x4"]),
+        ("gpu", ["unknown topology 'gpu'"]),
+        ("v9:2x2", ["unknown chip 'v9'", "v5e"]),
+        ("cpu:64", ["cpu:64 needs 64 CPU devices", "jax_num_cpu_devices=64"]),
+    ],
+)
+def test_a_topology_that_cannot_be_planned_is_one_line(name, words):
+    with pytest.raises(errors.ConfigError) as raised:
+        topology.get_topology(name)
+    for word in words:
+        assert word in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_an_unknown_chip_names_the_chips():
+    with pytest.raises(errors.ConfigError, match="unknown chip 'tpu9': choose one of v4, v5e"):
+        topology.get_topology("cpu:8", chip="tpu9")
+    assert topology.get_topology("cpu:8", chip="v5e").chip.peak_flops == 197e12
+
+
+@pytest.mark.parametrize(
+    "mesh, words",
+    [
+        ("fsdp:3", ["does not divide the topology's 8 devices"]),
+        ("data:2,fsdp:2", ["lays out 4 devices, the topology has 8"]),
+        ("data:8,fsdp:2", ["lays out 16 devices"]),
+        ("tensor:2", ["unknown axis 'tensor'", "data, fsdp"]),
+        ("data=8", ["not AXIS:SIZE"]),
+        ("fsdp:0", ["sizes >= 1"]),
+    ],
+)
+def test_a_mesh_that_does_not_fit_the_topology_is_one_line(mesh, words):
+    with pytest.raises(errors.ConfigError) as raised:
+        _config(TINY, mesh)
+    for word in words:
+        assert word in str(raised.value)
+
+
+def test_a_mesh_sets_the_parallel_group():
+    config = _config(TINY, "fsdp:4")
+    assert (config.parallel.mode, config.parallel.fsdp) == ("sharded", 4)
+    assert _config(TINY, "data:8").parallel.fsdp == 1
+    assert _config(TINY, "data:2,fsdp:4").parallel.fsdp == 4
+    assert _config(TINY).parallel.mode == "pmap"  # the loaded config itself is untouched
+
+
+def test_a_batch_that_does_not_split_is_one_line():
+    config = _config(["model.vocab_size=64", "train.global_batch_size=12"], "fsdp:2")
+    with pytest.raises(errors.ConfigError, match="global_batch_size=12 does not split over the 8"):
+        plan.plan(config, topology.get_topology("cpu:8"))
+
+
+def test_a_vocabulary_only_the_data_knows_is_one_line():
+    with pytest.raises(errors.ConfigError, match=r"--config\.model\.vocab_size=N"):
+        plan.plan(_config([]), topology.get_topology("cpu:8"))
+
+
+# ---------------------------------------------------------------------------------------------
+# What the planner counts without compiling.
+
+
+REVERSE = ["data.name=reverse", "data.num_train_examples=64", "data.num_eval_examples=8"]
+
+
+@pytest.mark.parametrize(
+    "spec, overrides",
+    [
+        ("configs/lm.py:tiny", []),  # "source | target" rows, packed
+        ("configs/lm.py:tiny", ["data.pack=false"]),
+        ("configs/base.py:tiny", REVERSE),  # seq2seq, padded
+        ("configs/base.py:tiny", [*REVERSE, "data.pack=true", "data.packed_source_len=24"]),
+        ("configs/classify.py:tiny", []),
+    ],
+)
+def test_row_shapes_are_those_of_the_loaded_data(spec, overrides, tmp_path):
+    config = config_utils.load_config(spec, overrides)
+    data_config = datasets.DataConfig(**config.data)
+    loaded = datasets.load(data_config, config.model.kind, seed=0, workdir=tmp_path)
+    expected = {key: value.shape for key, value in loaded.train[0].items()}
+    assert datasets.train_row_shapes(data_config, config.model.kind) == expected
+
+
+def test_model_flops_match_the_benchmarks_formula():
+    """The parameter-based count equals `experiments/bench/mfu.py`'s, written from the shapes
+    of the encoder-decoder (shared embeddings, tied output, ReLU MLP) independently."""
+    shape = {**workload.SHAPE, "source_len": 48}  # S != L: the cross-attention reads S
+    model = workload.create_model("float32", shape)
+    data = {k: jnp.asarray(v) for k, v in workload.random_batch(2, shape).items()}
+    variables = jax.eval_shape(
+        lambda: model.init(jax.random.key(0), data["inputs"], data["targets"])
+    )
+    params = variables["params"]
+    counted = flops.train_flops(
+        model.config,
+        params,
+        batch=2,
+        source_len=shape["source_len"],
+        target_len=shape["target_len"],
+    )
+    assert counted == mfu.train_flops(2, shape)[0]
+
+
+def test_the_1b_preset_has_tinyllamas_parameter_count():
+    """TinyLlama 1.1B has 1,100,048,384 parameters; tfjax's output layer adds a bias of V."""
+    config = config_utils.load_config("configs/lm.py:1b")
+    model = models.create_model(build.make_model_config(config, 0))
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens))["params"]
+    assert sum(x.size for x in jax.tree.leaves(params)) == 1_100_048_384 + 32_000
+
+
+def test_collectives_are_read_from_hlo_text():
+    text = "\n".join(
+        [
+            "%add (a: f32[], b: f32[]) -> f32[] {",
+            "  ROOT %x = f32[] add(%a, %b)",
+            "}",
+            "%all-reduce-scatter.1 (input: f32[8,4]) -> f32[4,4] {",
+            "  %all-reduce.9 = f32[8,4]{1,0:T(8,128)} all-reduce(%input), to_apply=%add",
+            "}",
+            "ENTRY %main (p: f32[8,4]) -> f32[4,4] {",
+            "  %all-reduce = (f32[2,3]{1,0}, /*index=1*/bf16[4]{0}) all-reduce(%p, %q)",
+            "  %ag = (f32[2]{0}, f32[4]{0}) all-gather-start(%p), dimensions={0}",
+            "  %ag.1 = f32[4]{0} all-gather-done(%ag)",
+            "  %fusion = f32[4,4]{1,0:T(4,128)} fusion(%p), kind=kCustom, "
+            "calls=%all-reduce-scatter.1",
+            "  %w = (s32[], f32[4]) while(%t), condition=%c, body=%b",
+            '  ROOT %r = f32[4,4]{1,0} add(%fusion, %fusion), metadata={op_name="all-gather("}',
+            "}",
+        ]
+    )
+    assert costs.collectives(text) == {
+        "all-reduce": {"count": 1, "bytes": 2 * 3 * 4 + 4 * 2},
+        "all-gather": {"count": 1, "bytes": 16},
+        "reduce-scatter": {"count": 1, "bytes": 64},
+    }
+    assert costs.loops(text) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The CPU path: compiled for 8 simulated devices (slow: seconds per compile).
+
+
+@pytest.fixture(scope="module")
+def cpu_plans():
+    """{fsdp: Plan} of TINY on cpu:8: the config's pmap mode (fsdp 1), and fsdp 2 and 4."""
+    cpu8 = topology.get_topology("cpu:8", chip="v5e")
+    plans = {1: plan.plan(_config(TINY), cpu8)}
+    for fsdp in (2, 4):
+        plans[fsdp] = plan.plan(_config(TINY, f"fsdp:{fsdp}"), cpu8)
+    return plans
+
+
+def _placed_bytes(tree, fsdp):
+    """Bytes device 0 holds when the real `tree` is placed as training places it."""
+    strategy = strategies.Sharded(fsdp)
+    placed = jax.device_put(tree, strategy.shardings(jax.eval_shape(lambda: tree)))
+    return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(placed))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fsdp", [1, 2, 4])
+def test_state_bytes_are_those_of_the_real_sharded_state(cpu_plans, fsdp):
+    config = _config(TINY)
+    params = _real_params(config)
+    optimizer, _ = build.make_optimizer(config, build.make_model_config(config, 0))
+    assert cpu_plans[fsdp].params_bytes == _placed_bytes(params, fsdp)
+    assert cpu_plans[fsdp].opt_state_bytes == _placed_bytes(optimizer.init(params), fsdp)
+    assert cpu_plans[fsdp].mesh == {"data": 8 // fsdp, "fsdp": fsdp}
+
+
+@pytest.mark.slow
+def test_fsdp_divides_the_bytes_of_the_sharded_parameters(cpu_plans):
+    """Leaves FSDP shards (large, with a dimension the axis divides) shrink by the axis size;
+    the rest stay whole. Adam keeps two moments per parameter: twice the parameter bytes, and
+    two int32 step counts (Adam's and the schedule's)."""
+    leaves = jax.tree.leaves(_real_params(_config(TINY)))
+    sharded = sum(x.nbytes for x in leaves if x.size >= strategies.FSDP_MIN_SIZE)
+    whole = sum(x.nbytes for x in leaves) - sharded
+    assert sharded > whole > 0
+    for fsdp in (1, 2, 4):
+        assert cpu_plans[fsdp].params_bytes == whole + sharded // fsdp
+        assert cpu_plans[fsdp].opt_state_bytes == 2 * (whole + sharded // fsdp) + 2 * 4
+    assert cpu_plans[1].memory.arguments > cpu_plans[2].memory.arguments
+
+
+@pytest.mark.slow
+def test_collectives_are_those_of_data_parallelism_and_fsdp(cpu_plans):
+    data_parallel = cpu_plans[1].collectives
+    assert set(data_parallel) == {"all-reduce"}  # gradients summed over the replicas
+    assert data_parallel["all-reduce"]["bytes"] >= cpu_plans[1].params_bytes  # all of them
+    for fsdp in (2, 4):
+        found = cpu_plans[fsdp].collectives
+        assert "all-gather" in found  # sharded parameters gathered for the forward pass
+        assert "all-reduce" in found or "reduce-scatter" in found  # and gradients reduced
+
+
+@pytest.mark.slow
+def test_pmap_is_planned_as_its_jit_twin(cpu_plans):
+    assert cpu_plans[1].notes and "pmap" in cpu_plans[1].notes[0]
+    assert _config(TINY).parallel.mode == "pmap"
+
+
+@pytest.mark.slow
+def test_flops_per_step_match_six_n_tokens():
+    """Decoder-only with a tied output: every parameter but norms and biases multiplies each
+    target token once (the token table as the output layer), so 6 · N · tokens is the matmul
+    count up to attention; XLA's count adds softmax, norms and the optimizer update."""
+    config = _config(SMALL, "fsdp:2")
+    result = plan.plan(config, topology.get_topology("cpu:8"))
+    params = _real_params(config)
+    n = sum(x.size for x in jax.tree.leaves(params))
+    tokens = 8 * config.data.max_target_len
+    reference = 6 * n * tokens
+    assert result.num_params == n and result.tokens_per_step == tokens
+    assert abs(result.model_flops / reference - 1) < 0.05
+    assert abs(result.compiled_flops / reference - 1) < 0.15
+    assert result.compiled_flops > result.model_flops  # XLA counts the model and more
+
+
+@pytest.mark.slow
+def test_the_report_and_json_hold_the_numbers(cpu_plans):
+    result = cpu_plans[2]
+    lines = plan.report(result, "configs/lm.py:tiny")
+    text = "\n".join(lines)
+    expected = ["mesh data 4 x fsdp 2", "parameters", "optimizer state", "temporaries"]
+    expected += ["of 14.90 GiB HBM: fits", "all-gather", "roofline", "not measurements"]
+    for words in expected:
+        assert words in text, text
+    as_json = json.loads(json.dumps(result.to_dict()))
+    assert as_json["fits"] is True and as_json["roofline"]["bound"] in ("compute", "memory")
+    bound = result.roofline
+    per_device_flops = max(result.compiled_flops, result.model_flops) / 8
+    assert math.isclose(bound["compute_s"], per_device_flops / 197e12)
+    assert math.isclose(bound["memory_s"], result.bytes_accessed / 819e9)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line (slow: a fresh Python with JAX per run).
+
+
+def _run(args):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)  # the tool makes its own simulated devices for cpu:N
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.plan", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_the_command_plans_a_cpu_topology():
+    overrides = [f"--config.{o}" for o in TINY]
+    args = ["--topology=cpu:8", "--mesh=fsdp:2", "--chip=v5e", "--json"]
+    done = _run(["--config=configs/lm.py:tiny", *overrides, *args])
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["devices"] == 8 and result["mesh"] == {"data": 4, "fsdp": 2}
+    assert result["fits"] is True and "all-gather" in result["collectives"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--topology=v5e-16"], ["unknown topology 'v5e-16'"]),
+        (["--topology=cpu:8", "--mesh=fsdp:3"], ["does not divide the topology's 8 devices"]),
+        (["--topology=cpu:8", "--chip=tpu9"], ["unknown chip 'tpu9'"]),
+        (["--topology=v9:2x2"], ["unknown chip 'v9'"]),
+        ([], ["missing --topology"]),
+    ],
+)
+def test_a_command_line_error_is_one_line_with_status_2(args, words):
+    done = _run(["--config=configs/lm.py:tiny", *args])
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    for word in words:
+        assert word in lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The TPU path: libtpu's compile-only devices.
+
+
+@pytest.fixture(scope="module")
+def libtpu():
+    pytest.importorskip("libtpu", reason='libtpu is not installed: pip install -e ".[tpu]"')
+    # Before libtpu first loads here: another process on the machine may hold its TPU lock.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+@pytest.mark.slow
+def test_a_tpu_slice_compiles_for_its_devices(libtpu):
+    slice_ = topology.get_topology("v5e:2x2")
+    assert len(slice_.devices) == 4 and slice_.devices[0].device_kind == "TPU v5 lite"
+    result = plan.plan(_config(TINY, "fsdp:2", devices=4), slice_)
+    assert result.devices == 4 and result.chip.name == "v5e"
+    assert result.mesh == {"data": 2, "fsdp": 2}
+    assert result.fits and result.roofline["step_s"] > 0
+    assert "all-gather" in result.collectives and "reduce-scatter" in result.collectives
+    params = _real_params(_config(TINY))
+    leaves = jax.tree.leaves(params)
+    sharded = sum(x.nbytes for x in leaves if x.size >= strategies.FSDP_MIN_SIZE)
+    assert result.params_bytes == sum(x.nbytes for x in leaves) - sharded // 2
+
+
+@pytest.mark.slow
+def test_megacore_chips_are_one_device_each(libtpu):
+    for name, devices in (("v4:2x2x1", 4), ("v5p:2x2x2", 8)):
+        slice_ = topology.get_topology(name)
+        assert len(slice_.devices) == devices == slice_.chips and slice_.devices_per_chip == 1
+
+
+@pytest.mark.slow
+def test_a_chip_overrides_the_datasheet_not_the_layout(libtpu):
+    slice_ = topology.get_topology("v5e:2x2", chip="v4")  # v4's megacore layout would fail
+    assert slice_.chip.name == "v4" and slice_.devices[0].device_kind == "TPU v5 lite"
+
+
+@pytest.mark.slow
+def test_libtpu_refusals_are_one_line(libtpu):
+    with pytest.raises(errors.ConfigError, match="libtpu refuses it") as raised:
+        topology.get_topology("v5e:3x3")
+    assert "\n" not in str(raised.value)
+    done = _run(["--config=configs/lm.py:tiny", "--topology=v5e:3x3"])
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+
+
+@pytest.mark.parametrize(
+    "message, error, words",
+    [
+        ("JAX TPU support not installed; cannot generate TPU topology.", errors.DependencyError,
+         'pip install -e ".[tpu]"'),
+        ("ABORTED: Internal error when accessing libtpu multi-process lockfile.", errors.UserError,
+         "ALLOW_MULTIPLE_LIBTPU_LOAD=1"),
+        ('INVALID_ARGUMENT: Topology layout "v5e:3x3" is not divisible\nby', errors.ConfigError,
+         "libtpu refuses it: INVALID_ARGUMENT: Topology layout \"v5e:3x3\" is not divisible by"),
+    ],
+)  # fmt: skip
+def test_what_libtpu_says_becomes_one_line(monkeypatch, message, error, words):
+    from jax._src import xla_bridge
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(xla_bridge, "make_pjrt_tpu_topology", refuse)
+    with pytest.raises(error) as raised:
+        topology.get_topology("v5e:3x3")
+    assert words in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_libtpus_start_up_notices_are_dropped_and_nothing_else(capfd):
+    from experiments import plan as plan_cli
+
+    with plan_cli._without_libtpu_notices():
+        os.write(2, b"Failed to find host bounds: WARNING: could not determine TPU accelerator ")
+        os.write(2, b"type, please set env var `TPU_ACCELERATOR_TYPE` manually\nsomething else\n")
+    assert capfd.readouterr().err == "something else\n"
+
+
+def test_chips_table_is_per_chip_datasheet_numbers():
+    for chip in topology.CHIPS.values():
+        assert 1e14 < chip.peak_flops < 2e15 and 8e9 < chip.hbm_bytes < 2e11
+        assert 5e11 < chip.hbm_bandwidth < 5e12
+    assert np.isclose(topology.CHIPS["v5e"].hbm_bandwidth, 819e9)
