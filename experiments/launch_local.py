@@ -64,6 +64,7 @@ def check_port(port: int) -> None:
     if not 0 < port < 65536:
         raise cli.UsageError(f"--port={port} is not a TCP port: give 1-65535, or 0 for a free one")
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: TIME_WAIT is fine
         try:
             sock.bind(("127.0.0.1", port))
         except OSError as err:
@@ -235,10 +236,15 @@ def _report(job: Job, outcome: Outcome, *, interrupted: bool) -> int:
         return 0
     status = job.procs[outcome.failed].returncode
     cause = "after Ctrl-C or SIGTERM" if interrupted else "first"
+    fix = (
+        "fix what its error line says, then rerun"
+        if status == cli.USAGE_STATUS
+        else "rerun the same command to resume (experiments.train continues from the last "
+        "complete checkpoint)"
+    )
     print(
         f"error: process {outcome.failed} of {count} {describe_status(status)} {cause}{killed}"
-        f". Its output is on the lines [{outcome.failed}] above; rerun the same command to "
-        "resume (experiments.train continues from the last complete checkpoint)",
+        f". Its output is on the lines [{outcome.failed}] above; {fix}",
         file=sys.stderr,
     )
     return status if status > 0 else 128 - status
