@@ -72,7 +72,7 @@ def test_a_failed_collective_names_the_dead_peer_and_the_rerun():
     assert distributed.is_peer_failure(gloo)
     assert not distributed.is_peer_failure(RuntimeError("RESOURCE_EXHAUSTED: out of memory"))
     text = str(distributed.peer_lost(gloo, process=0, count=2, step=7))
-    assert text.startswith("process 0 of 2 stopped after step 7: a collective failed")
+    assert text.startswith("process 0 of 2 stopped at step 7: a collective failed")
     assert "rerun the same command" in text and "\n" not in text
 
 

@@ -228,7 +228,7 @@ def peer_lost(error: Exception, *, process: int, count: int, step: int):
     """The error to raise when a collective failed because another process of the job died."""
     text = " ".join(str(error).split())[:200] or type(error).__name__
     return errors.DistributedError(
-        f"process {process} of {count} stopped after step {step}: a collective failed "
+        f"process {process} of {count} stopped at step {step}: a collective failed "
         f"({text}); another process of this job died or lost its connection (see its "
         f"output); {RESUME_HINT}"
     )

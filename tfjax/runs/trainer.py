@@ -171,7 +171,7 @@ class _Loop:
     writer: logger.MetricWriter
     checkpointer: checkpointing.Checkpointer
     rng: jax.Array
-    step: int = 0  # the last step run, for messages
+    step: int = 0  # the step started last (dispatch is asynchronous), for messages
 
     def train(self, state, start: int, preemption: "_Preemption", *, chief: bool):
         """Steps from `start` to `train.num_train_steps` or SIGTERM: (state, step, pending)."""
