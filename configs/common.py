@@ -60,7 +60,15 @@ def base_config(
         "keep_checkpoints": 3,
         **(train or {}),
     }
-    config.parallel = {"mode": "pmap", "fsdp": 1, "distributed": False}
+    config.parallel = {
+        "mode": "pmap",
+        "fsdp": 1,
+        # Join a multi-process job (tfjax.parallel.distributed); the TFJAX_* variables of
+        # experiments.launch_local also turn this on. The timeouts are JAX's defaults.
+        "distributed": False,
+        "initialization_timeout_seconds": 300,  # for every process to join
+        "heartbeat_timeout_seconds": 100,  # after which a silent process counts as dead
+    }
     return config
 
 

@@ -47,10 +47,14 @@ def main(argv, overrides):
     if runtime.should_tune_malloc(FLAGS.tune_malloc) and not runtime.tune_glibc_malloc():
         logging.getLogger("tfjax").warning("--tune_malloc: not glibc, nothing to tune")
     logging.getLogger("tfjax").info("host malloc: %s", runtime.malloc_description())
-    if config.parallel.distributed:
-        from tfjax.parallel import strategies
+    from tfjax.parallel import distributed
 
-        strategies.initialize_distributed()
+    if distributed.requested(config.parallel.distributed):  # before any other JAX call
+        distributed.initialize(
+            distributed.job_from_environ(),
+            initialization_timeout_seconds=config.parallel.initialization_timeout_seconds,
+            heartbeat_timeout_seconds=config.parallel.heartbeat_timeout_seconds,
+        )
     import jax
 
     from tfjax.runs import trainer

@@ -156,6 +156,34 @@ def test_sharding_covers_disjoint_examples():
     assert shards == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
 
 
+def _host_batches(rows: slice, count: int, *, start: int = 0) -> list[list[int]]:
+    dataset = pipeline.make_host_dataset(_numbered(10), global_batch_size=4, rows=rows, seed=3)
+    iterator = pipeline.BatchIterator(dataset)
+    iterator.set_state({"next_index": start})
+    return [_ids([next(iterator)]) for _ in range(count)]
+
+
+def test_host_slices_tile_the_one_host_batches_across_epochs():
+    # 10 examples in global batches of 4: batches cross epoch boundaries (a reshuffle).
+    whole = [
+        _ids([b])
+        for b in itertools.islice(pipeline.make_dataset(_numbered(10), batch_size=4, seed=3), 7)
+    ]
+    assert _host_batches(slice(0, 4), 7) == whole  # one host: make_dataset's batches exactly
+    for hosts in (2, 4):
+        width = 4 // hosts
+        parts = [_host_batches(slice(i * width, (i + 1) * width), 7) for i in range(hosts)]
+        for step, batch in enumerate(whole):  # the hosts' rows, in order, are the global batch
+            assert [row for part in parts for row in part[step]] == batch
+    assert _host_batches(slice(2, 4), 3, start=4) == _host_batches(slice(2, 4), 7)[4:]
+
+
+def test_host_dataset_refuses_rows_outside_the_batch():
+    for rows in (slice(2, 2), slice(3, 5), slice(-1, 2)):
+        with pytest.raises(ValueError, match="not a block"):
+            pipeline.make_host_dataset(_numbered(10), global_batch_size=4, rows=rows, seed=0)
+
+
 def test_eval_yields_every_example_once_with_padded_last_batch():
     dataset = pipeline.make_dataset(
         _numbered(10), batch_size=4, seed=0, shuffle=False, repeat=False, drop_remainder=False

@@ -111,5 +111,6 @@ def test_errors_import_nothing_and_keep_their_builtin_bases():
         (errors.WorkdirLockedError, errors.WorkdirError),
         (errors.DependencyError, ImportError),
         (errors.DivergedError, FloatingPointError),
+        (errors.DistributedError, RuntimeError),
     ]:
         assert issubclass(cls, errors.UserError) and issubclass(cls, base)

@@ -42,3 +42,7 @@ class DependencyError(UserError, ImportError):
 
 class DivergedError(UserError, FloatingPointError):
     """Training produced a non-finite loss or gradient; nothing was saved after it."""
+
+
+class DistributedError(UserError, RuntimeError):
+    """A multi-process job that could not start (launch settings, coordinator) or lost a process."""

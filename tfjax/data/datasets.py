@@ -195,8 +195,8 @@ def _tokenizer_texts(raw, fmt: str) -> list[str]:
     return texts
 
 
-def _tokenizer(cfg: DataConfig, texts: list[str], workdir) -> tokenizers.Tokenizer:
-    """The workdir's saved tokenizer, or a new one built from `texts` (and saved there)."""
+def _tokenizer(cfg: DataConfig, texts: list[str], workdir, save: bool) -> tokenizers.Tokenizer:
+    """The workdir's saved tokenizer, or a new one built from `texts` (and saved if `save`)."""
     spm = cfg.tokenizer == "sentencepiece"
     kind = {
         "word": tokenizers.WordTokenizer,
@@ -213,7 +213,7 @@ def _tokenizer(cfg: DataConfig, texts: list[str], workdir) -> tokenizers.Tokeniz
         tokenizer = kind.build(["\n".join(texts)])
     else:
         tokenizer = kind.build(texts)
-    if path is not None:
+    if path is not None and save:
         path.parent.mkdir(parents=True, exist_ok=True)
         tokenizer.save(path)
     return tokenizer
@@ -279,9 +279,17 @@ def _train_examples(raw, fmt: str, tokenizer, cfg: DataConfig, seed: int) -> lis
 
 
 def load(
-    cfg: DataConfig, model_kind: str, *, seed: int, workdir: str | os.PathLike | None = None
+    cfg: DataConfig,
+    model_kind: str,
+    *,
+    seed: int,
+    workdir: str | os.PathLike | None = None,
+    save_tokenizer: bool = True,
 ) -> Examples:
     """Tokenized train and eval examples for `model_kind`; the tokenizer lives in `workdir`.
+
+    `save_tokenizer=False` reads the workdir's tokenizer if it is there but never writes one
+    (the other processes of a multi-process run: process 0 writes it).
 
     Raises:
       ValueError: for data that cannot train `model_kind`, an empty split, or no example that
@@ -290,7 +298,7 @@ def load(
     source = registry.get(cfg.name)
     fmt = _format(source, model_kind)
     raw_train, raw_eval = _read(source, cfg, fmt, seed)
-    tokenizer = _tokenizer(cfg, _tokenizer_texts(raw_train, fmt), workdir)
+    tokenizer = _tokenizer(cfg, _tokenizer_texts(raw_train, fmt), workdir, save_tokenizer)
     train = _train_examples(raw_train, fmt, tokenizer, cfg, seed)
     kept: list[int] = []
     evaluation = _encode(raw_eval, fmt, tokenizer, cfg, train=False, kept=kept)

@@ -264,6 +264,48 @@ def make_dataset(
     return dataset
 
 
+def make_host_dataset(
+    examples: Sequence[Mapping[str, np.ndarray]],
+    *,
+    global_batch_size: int,
+    rows: slice,
+    seed: int,
+) -> grain.MapDataset:
+    """Training batches for one host of several: rows `rows` of every global batch.
+
+    Every host orders all examples with the same global shuffle (fixed by `seed`, changing every
+    epoch, as `make_dataset`) and cuts that stream into global batches of `global_batch_size`;
+    this host reads only its `rows` of each, without touching the other rows. So the global
+    batch is the same for any number of hosts (the trained model too), and the iterator state
+    (global batches read) means the same on every host: a checkpoint written by one process
+    count resumes on another. One host (`rows=slice(0, global_batch_size)`) gives exactly
+    the batches of `make_dataset(examples, batch_size=global_batch_size, seed=seed)`.
+
+    Args:
+        examples: encoded examples, as for `make_dataset`.
+        global_batch_size: G, rows of one global batch (all hosts together).
+        rows: this host's block of each global batch, `0 <= start < stop <= G`; from
+            `tfjax.parallel.strategies` (`strategy.host_rows(G)`).
+        seed: seeds the shuffle.
+
+    Returns:
+        A grain `MapDataset` of dicts of [stop - start, ...] int32 arrays; wrap it in
+        `BatchIterator`.
+    """
+    width = rows.stop - rows.start
+    if global_batch_size < 1 or not 0 <= rows.start < rows.stop <= global_batch_size:
+        raise ValueError(f"rows {rows} are not a block of a global batch of {global_batch_size}")
+    _check_dataset_args(len(examples), global_batch_size, 0, 1)
+    stream = grain.MapDataset.source(examples).shuffle(seed=seed).repeat()
+
+    def pick(k: int) -> Mapping[str, np.ndarray]:  # this host's k-th example
+        batch, row = divmod(k, width)
+        return stream[batch * global_batch_size + rows.start + row]
+
+    picked = grain.MapDataset.range(len(stream) // global_batch_size * width).map(pick)
+    return picked.batch(width, drop_remainder=True, batch_fn=_stack)
+
+
 class BatchIterator:
     """Iterates over a dataset's batches; its state can be saved and restored.
 

@@ -7,11 +7,15 @@ in tfjax knows which one runs (STYLE.md §9).
 - "sharded": one jitted program over a `Mesh` with axes ("data", "fsdp"); the batch is split
   over all devices, parameters are replicated or, with an fsdp axis > 1, sharded along their
   largest divisible dimension (ZeRO-3 / FSDP style: Rajbhandari et al. 2020).
-Multi-host: `initialize_distributed` calls `jax.distributed.initialize()`; every host feeds its
-own slice of the global batch (the per-host batch size is global / process_count).
+Multi-process (`tfjax.parallel.distributed`): the mesh spans the devices of every process, and
+each process feeds the rows of every global batch that its own devices hold (`host_rows`), so
+the global batch, and the trained model, do not depend on how the devices are split into
+processes. Checkpoints hold global arrays (`checkpoint_state`, `restore_target`): orbax writes
+each shard once, from the process that holds it, and reads back onto any topology.
 """
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,11 +35,6 @@ AXIS_NAME = "batch"
 FSDP_MIN_SIZE = 2**14
 
 
-def initialize_distributed() -> None:
-    """Joins a multi-host job (TPU pods, multi-node GPU); call before any other jax call."""
-    jax.distributed.initialize()
-
-
 def host_batch_size(global_batch_size: int) -> int:
     """Rows this host loads: the global batch split evenly over processes and local devices."""
     hosts, local = jax.process_count(), jax.local_device_count()
@@ -45,6 +44,33 @@ def host_batch_size(global_batch_size: int) -> int:
             f"devices ({hosts} hosts x {local} local devices = {hosts * local})"
         )
     return global_batch_size // hosts
+
+
+def _process_rows(sharding: NamedSharding, shape: tuple[int, ...]) -> slice:
+    """The block of dim 0 of a global array of `shape` that this process's devices hold.
+
+    Raises:
+        ValueError: if those rows are not one contiguous block (a device order that
+            interleaves processes), since then no host-local slice of the batch fits.
+    """
+    indices = sharding.addressable_devices_indices_map(shape).values()
+    blocks = sorted({index[0].indices(shape[0])[:2] for index in indices})  # (start, stop)
+    for (_, stop), (start, _) in itertools.pairwise(blocks):
+        if start != stop:
+            raise ValueError(
+                f"the devices of process {jax.process_index()} hold rows {blocks} of the batch, "
+                "not one block: build the mesh with each process's devices next to each other"
+            )
+    return slice(blocks[0][0], blocks[-1][1])
+
+
+def _local_value(x: Any) -> Any:
+    """`x` as a value this process can read whole: a replicated global array's local copy."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        if not x.is_fully_replicated:
+            raise ValueError(f"expected a replicated array, got one sharded as {x.sharding}")
+        return x.addressable_data(0)
+    return x
 
 
 class Pmap:
@@ -63,7 +89,7 @@ class Pmap:
         """One copy of every leaf per device: [n_devices, ...]."""
 
         def replicate(x):
-            x = jnp.asarray(x)
+            x = jnp.asarray(_local_value(x))
             shards = [jax.device_put(x[None], d) for d in self.local_devices]
             return jax.make_array_from_single_device_arrays(
                 (jax.device_count(), *x.shape), self.sharding, shards
@@ -72,8 +98,36 @@ class Pmap:
         return jax.tree.map(replicate, state)
 
     def host_state(self, state: Any) -> Any:
-        """The first local replica, for checkpointing and evaluation."""
+        """The first local replica: arrays this process holds whole, for evaluation."""
         return jax.tree.map(_first_replica, state)
+
+    def host_params(self, state: Any) -> Any:
+        """The parameters as arrays this process holds whole (`host_state(state).params`)."""
+        return jax.tree.map(_first_replica, state.params)
+
+    def host_rows(self, global_batch_size: int) -> slice:
+        """The rows of every global batch this process feeds (its devices' rows, in order)."""
+        per_device = host_batch_size(global_batch_size) // len(self.local_devices)
+        devices = _process_rows(self.sharding, (jax.device_count(),))
+        return slice(devices.start * per_device, devices.stop * per_device)
+
+    def checkpoint_state(self, state: Any) -> Any:
+        """The state as global arrays replicated on the mesh, without the device axis.
+
+        orbax writes each array once (split among the replicas, so every process writes part)
+        and `restore_target` reads it back on any number of processes and devices.
+        """
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+
+        def unstack(x):
+            copies = [shard.data[0] for shard in x.addressable_shards]  # one per local device
+            return jax.make_array_from_single_device_arrays(x.shape[1:], replicated, copies)
+
+        return jax.tree.map(unstack, state)
+
+    def restore_target(self, abstract_state: Any) -> Any:
+        """Where a restored checkpoint goes: replicated on the mesh (`put_state` then stacks it)."""
+        return _placed(abstract_state, lambda _: NamedSharding(self.mesh, PartitionSpec()))
 
     def put_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         n = len(self.local_devices)
@@ -104,6 +158,13 @@ class Pmap:
 
 def _first_replica(x: jax.Array) -> jax.Array:
     return x.addressable_shards[0].data[0]
+
+
+def _placed(abstract_state: Any, sharding_of: Callable) -> Any:
+    """`jax.ShapeDtypeStruct`s of `abstract_state`'s leaves, each with `sharding_of(leaf)`."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding_of(x)), abstract_state
+    )
 
 
 def _fsdp_spec(shape: tuple[int, ...], fsdp: int, min_size: int = FSDP_MIN_SIZE) -> PartitionSpec:
@@ -145,12 +206,10 @@ class Sharded:
         self.state_sharding = None
 
     def shardings(self, abstract_state: Any) -> Any:
-        return jax.tree.map(
-            lambda x: NamedSharding(
-                self.mesh, _fsdp_spec(tuple(x.shape), self.fsdp, self.fsdp_min_size)
-            ),
-            abstract_state,
-        )
+        return jax.tree.map(self._sharding_of, abstract_state)
+
+    def _sharding_of(self, x: Any) -> NamedSharding:
+        return NamedSharding(self.mesh, _fsdp_spec(tuple(x.shape), self.fsdp, self.fsdp_min_size))
 
     def put_state(self, state: Any) -> Any:
         if self.state_sharding is None:
@@ -158,7 +217,29 @@ class Sharded:
         return jax.device_put(state, self.state_sharding)
 
     def host_state(self, state: Any) -> Any:
+        """The state as arrays this process holds whole: as it is in one process, gathered
+        from every process otherwise (evaluation runs on the local devices)."""
+        if jax.process_count() == 1:
+            return state
+        gathered = jax.jit(lambda tree: tree, out_shardings=self.replicated)(state)
+        return jax.tree.map(_local_value, gathered)
+
+    def host_params(self, state: Any) -> Any:
+        """The parameters as arrays this process holds whole (see `host_state`)."""
+        return self.host_state(state.params)
+
+    def host_rows(self, global_batch_size: int) -> slice:
+        """The rows of every global batch this process feeds (its devices' rows, in order)."""
+        host_batch_size(global_batch_size)  # says which counts would not divide
+        return _process_rows(self.batch_sharding, (global_batch_size,))
+
+    def checkpoint_state(self, state: Any) -> Any:
+        """The state as it is: global arrays whose shards orbax writes from their processes."""
         return state
+
+    def restore_target(self, abstract_state: Any) -> Any:
+        """Where a restored checkpoint goes: straight into the train step's shardings."""
+        return _placed(abstract_state, self._sharding_of)
 
     def put_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         return jax.tree.map(

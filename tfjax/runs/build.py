@@ -7,7 +7,9 @@ examples, the parallel strategy, the compiled train and eval steps and the abstr
 loop (`tfjax.runs.trainer`) and the decoding tools (`tfjax.runs.workdir`) both start here.
 """
 
+import copy
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -20,7 +22,7 @@ import ml_collections
 from tfjax import errors, models
 from tfjax.data import datasets, tokenizers
 from tfjax.inference import decoding
-from tfjax.parallel import strategies
+from tfjax.parallel import distributed, strategies
 from tfjax.training import checkpointing, optim, steps
 
 
@@ -92,6 +94,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise errors.ConfigError(
             f"parallel.mode={config.parallel.mode!r} is not one of {strategies.MODES}"
         )
+    for field in ("initialization_timeout_seconds", "heartbeat_timeout_seconds"):
+        value = config.parallel[field]
+        if not isinstance(value, int) or value < 1:
+            raise errors.ConfigError(f"parallel.{field} must be an integer >= 1, got {value!r}")
 
 
 def _optim_config(config: ml_collections.ConfigDict) -> optim.OptimConfig:
@@ -102,10 +108,27 @@ def _optim_config(config: ml_collections.ConfigDict) -> optim.OptimConfig:
     return optim.OptimConfig(**fields)
 
 
-def build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Run:
-    examples = datasets.load(
-        datasets.DataConfig(**config.data), config.model.kind, seed=config.seed, workdir=workdir
+def load_examples(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> datasets.Examples:
+    """The run's examples; the tokenizer is built and saved by process 0 alone.
+
+    The other processes of a multi-process run wait for it, then read the saved one (a shared
+    workdir) or build the same one from the same data (a workdir on each host's own disk).
+    """
+    load = functools.partial(
+        datasets.load,
+        datasets.DataConfig(**config.data),
+        config.model.kind,
+        seed=config.seed,
+        workdir=workdir,
     )
+    chief = jax.process_index() == 0
+    examples = load() if chief else None
+    distributed.barrier("tfjax_tokenizer_saved")
+    return examples if chief else load(save_tokenizer=False)
+
+
+def build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Run:
+    examples = load_examples(config, workdir)
     model_config = make_model_config(config, examples.tokenizer.vocab_size)
     model = models.create_model(model_config)
     optimizer, schedule = make_optimizer(config, model_config)
@@ -201,7 +224,8 @@ def restore(
     """The run built from `config` and its checkpoint `step` (default: the latest good one).
 
     `average_last=N > 1` instead averages the parameters of the last N saved checkpoints
-    (`Checkpointer.restore_average`); `step` must then be None.
+    (`Checkpointer.restore_average`); `step` must then be None. The state goes to the first
+    local device, whatever `parallel` settings trained it (8-way FSDP restores on 1 device).
 
     Raises:
       FileNotFoundError: if `workdir` has no checkpoint.
@@ -210,6 +234,8 @@ def restore(
     workdir = pathlib.Path(workdir)
     if average_last > 1 and step is not None:
         raise ValueError("average the last checkpoints or restore one step, not both")
+    config = copy.deepcopy(config)
+    config.parallel.mode, config.parallel.fsdp = "pmap", 1  # the run's strategy goes unused
     run = build(config, workdir)
     with checkpointing.Checkpointer(workdir / "checkpoints") as checkpointer:
         if average_last > 1 and checkpointer.all_steps():

@@ -57,36 +57,53 @@ def evaluate(
         shard_count=jax.process_count(),
     )
     totals: dict[str, Any] = {}
-    hypotheses: list[str] = []
+    predictions: list[np.ndarray] = []
     for batch in dataset:
         metrics = jax.device_get(run.eval_step(params, batch))
         if run.examples.format == "seq2seq":
-            metrics.update(_greedy_exact_match(run, params, batch, hypotheses, references))
+            greedy, predicted = _greedy_exact_match(run, params, batch)
+            metrics.update(greedy)
+            predictions.append(predicted)
         totals = {k: totals.get(k, 0.0) + np.asarray(v) for k, v in metrics.items()}
     sums = host_sum(totals, across_hosts=True)
     result = losses.summarize({k: v for k, v in sums.items() if not k.startswith("greedy_")})
     if "greedy_correct" in sums:
         result["greedy_exact_match"] = sums["greedy_correct"] / max(sums["greedy_count"], 1.0)
-    if references is not None and jax.process_count() == 1:
+    if references is not None:
         from tfjax.inference import evaluation  # sacrebleu: only runs that keep references
 
+        hypotheses = _hypotheses(run, predictions, len(examples))
         result["greedy_bleu"] = evaluation.bleu(hypotheses, references[: len(hypotheses)])
     return result
 
 
 def _greedy_exact_match(
-    run: build.Run, params: Any, batch: dict[str, np.ndarray], hypotheses: list[str], references
-) -> dict:
-    """Greedy exact-match sums of a batch; appends the rows' detokenized outputs to `hypotheses`."""
+    run: build.Run, params: Any, batch: dict[str, np.ndarray]
+) -> tuple[dict, np.ndarray]:
+    """Greedy exact-match sums of a batch, and its predictions [B, L] int32."""
     predictions = np.asarray(run.greedy(params, batch["inputs"], batch["inputs_segment_ids"]))
     targets, valid = batch["targets"], batch["targets_segment_ids"] > 0
     rows = valid.any(axis=1)
     correct = np.all((predictions == targets) | ~valid, axis=1) & np.all(
         (predictions == 0) | valid, axis=1
     )
-    if references is not None:
-        hypotheses += [run.examples.tokenizer.decode(row) for row in predictions[rows]]
-    return {"greedy_correct": float(np.sum(correct & rows)), "greedy_count": float(rows.sum())}
+    sums = {"greedy_correct": float(np.sum(correct & rows)), "greedy_count": float(rows.sum())}
+    return sums, predictions
+
+
+def _hypotheses(run: build.Run, predictions: list[np.ndarray], count: int) -> list[str]:
+    """The detokenized greedy outputs of the `count` examples, in order, from every host.
+
+    Host i of P evaluated examples i, i + P, ... (`pipeline.make_dataset` shards, padded to
+    equal lengths), so after gathering, row r of host i is example r * P + i.
+    """
+    rows = np.concatenate(predictions)  # [R, L]: this host's examples, then padding rows
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        gathered = np.asarray(multihost_utils.process_allgather(rows))  # [P, R, L]
+        rows = gathered.transpose(1, 0, 2).reshape(-1, rows.shape[-1])  # [R * P, L]
+    return [run.examples.tokenizer.decode(row) for row in rows[:count]]
 
 
 EVAL_FILE = "eval.json"

@@ -6,6 +6,12 @@ and continues with exactly the batches that would have come next. SIGTERM (preem
 checkpoint and returns. A non-finite loss stops the run (`tfjax.errors.DivergedError`) before
 anything is saved over the last good checkpoint. One run at a time: the workdir is locked
 (`tfjax.runs.lock`).
+
+Multi-process runs (`tfjax.parallel.distributed`) take the same road in every process: each
+feeds its rows of every global batch, and all of them save and restore the checkpoints (orbax
+writes each process's shards); only process 0 writes `config.json`, metrics and TensorBoard.
+A SIGTERM to any process stops all of them at one agreed step, after a checkpoint; a collective
+that fails because a process died raises `tfjax.errors.DistributedError`.
 """
 
 import contextlib
@@ -24,21 +30,21 @@ import numpy as np
 from tfjax import errors
 from tfjax.data import pipeline
 from tfjax.nn import losses
-from tfjax.parallel import strategies
+from tfjax.parallel import distributed, strategies
 from tfjax.runs import build, evaluator, lock
 from tfjax.training import checkpointing, logger, steps
 
 log = logging.getLogger(__name__)
 
 
-def _train_iterator(run: build.Run) -> pipeline.BatchIterator:
-    batch_size = strategies.host_batch_size(run.config.train.global_batch_size)
-    dataset = pipeline.make_dataset(
+def train_iterator(run: build.Run) -> pipeline.BatchIterator:
+    """This process's rows of every global training batch (all of them in one process)."""
+    global_batch_size = run.config.train.global_batch_size
+    dataset = pipeline.make_host_dataset(
         run.examples.train,
-        batch_size=batch_size,
+        global_batch_size=global_batch_size,
+        rows=run.strategy.host_rows(global_batch_size),
         seed=run.config.seed,
-        shard_index=jax.process_index(),
-        shard_count=jax.process_count(),
     )
     return pipeline.BatchIterator(dataset)
 
@@ -50,7 +56,7 @@ def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path
     for saved in checkpointer.saved_configs()[:1]:
         for section in ("model", "data"):
             checkpointing.check_compatible(saved, current, section=section)
-    restored = checkpointer.restore(run.abstract_state)
+    restored = checkpointer.restore(run.strategy.restore_target(run.abstract_state))
     if restored is None:
         sample = jax.tree.map(lambda x: jnp.asarray(x[None]), run.examples.train[0])
         state = jax.jit(
@@ -65,16 +71,30 @@ def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path
 
 
 class _Preemption:
-    """Turns SIGTERM into a flag the loop checks between steps (main thread only)."""
+    """Turns SIGTERM into a flag the loop checks after every step (`check`).
+
+    One process: a signal handler sets it (main thread only). Several: JAX's preemption service
+    catches the SIGTERM of any process and `check` turns True in all of them at the same step.
+    """
 
     def __init__(self):
         self.requested = False
         self._previous = None
+        self._agreed = jax.process_count() > 1
 
     def __enter__(self):
+        if self._agreed:
+            return self  # a handler of our own would replace JAX's
         with contextlib.suppress(ValueError):  # not the main thread: no handler
             self._previous = signal.signal(signal.SIGTERM, self._handle)
         return self
+
+    def check(self, step: int) -> bool:
+        """Whether to save and stop after `step` (call once per step, in every process)."""
+        if self._agreed and not self.requested and distributed.preemption_agreed(step):
+            log.warning("SIGTERM received by a process of this job: saving and stopping")
+            self.requested = True
+        return self.requested
 
     def _handle(self, signum, frame):
         log.warning("SIGTERM received: saving a checkpoint and stopping")
@@ -134,7 +154,7 @@ def _save(run, checkpointer, state, step: int, rng, iterator, pending: list) -> 
         _check_finite(_fetch(pending), step, checkpointer)
     checkpointer.save(
         step,
-        run.strategy.host_state(state),
+        run.strategy.checkpoint_state(state),
         rng=rng,
         data_state=iterator.get_state(),
         config=build.config_dict(run.config),
@@ -151,6 +171,7 @@ class _Loop:
     writer: logger.MetricWriter
     checkpointer: checkpointing.Checkpointer
     rng: jax.Array
+    step: int = 0  # the step started last (dispatch is asynchronous), for messages
 
     def train(self, state, start: int, preemption: "_Preemption", *, chief: bool):
         """Steps from `start` to `train.num_train_steps` or SIGTERM: (state, step, pending)."""
@@ -161,7 +182,8 @@ class _Loop:
         while step < tcfg.num_train_steps and not preemption.requested:
             batch = run.strategy.put_batch(next(self.iterator))
             state, metrics = run.train_step(state, batch, self.rng)
-            step += 1
+            step = self.step = step + 1
+            preemption.check(step)
             if step == start + 1:  # keep compilation (step and tokens) out of tokens/s
                 jax.block_until_ready(metrics)
                 t0 = time.perf_counter()
@@ -188,7 +210,7 @@ class _Loop:
     def _evaluate(self, state, step: int) -> float:
         """Logs a periodic evaluation; returns the seconds it took."""
         start = time.perf_counter()
-        params = self.run.strategy.host_state(state).params
+        params = self.run.strategy.host_params(state)
         max_examples = self.run.config.train.max_eval_examples
         self.writer.write(
             step, "eval", evaluator.evaluate(self.run, params, max_examples=max_examples)
@@ -209,6 +231,7 @@ def train_and_evaluate(
             workdir that is a file or in use, incompatible checkpoints, a diverged loss.
     """
     build.check_config(config)  # a bad value stops the run before the workdir is touched
+    strategies.host_batch_size(config.train.global_batch_size)  # divides over the devices?
     workdir = _make_workdir(pathlib.Path(workdir))
     with lock.held(workdir):  # before the first write: `build` saves the tokenizer
         return _train_and_evaluate(config, workdir)
@@ -236,7 +259,7 @@ def _make_workdir(workdir: pathlib.Path) -> pathlib.Path:
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path):
     chief = jax.process_index() == 0
     run = build.build(config, workdir)
-    iterator = _train_iterator(run)
+    iterator = train_iterator(run)
     writer = logger.MetricWriter(workdir, enabled=chief)
     with checkpointing.Checkpointer(
         workdir / "checkpoints", max_to_keep=config.train.keep_checkpoints
@@ -244,16 +267,30 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
         state, rng, start = _initial_state(run, checkpointer, iterator, workdir)
         if chief:  # after the compatibility check: a refused run leaves the workdir as it was
             (workdir / "config.json").write_text(json.dumps(build.config_dict(config), indent=2))
-        loop = _Loop(run, iterator, writer, checkpointer, rng)
-        with _Preemption() as preemption:
-            state, step, pending = loop.train(state, start, preemption, chief=chief)
-        if preemption.requested:
-            log.warning("stopped at step %d by SIGTERM; rerun the same command to resume", step)
-            writer.close()
-            return {}
-        if checkpointer.latest_step() != step:
-            _save(run, checkpointer, state, step, rng, iterator, pending)
-        result = evaluator.evaluate(run, run.strategy.host_state(state).params)
+        loop = _Loop(run, iterator, writer, checkpointer, rng, step=start)
+        with _peers_watched(loop):
+            with _Preemption() as preemption:
+                state, step, pending = loop.train(state, start, preemption, chief=chief)
+            if preemption.requested:
+                log.warning("stopped at step %d by SIGTERM; rerun the same command to resume", step)
+                writer.close()
+                return {}
+            if checkpointer.latest_step() != step:
+                _save(run, checkpointer, state, step, rng, iterator, pending)
+            result = evaluator.evaluate(run, run.strategy.host_params(state))
     writer.write(step, "final_eval", result)
     writer.close()
     return result
+
+
+@contextlib.contextmanager
+def _peers_watched(loop: _Loop):
+    """Multi-process runs: a collective failed by a dead process becomes a DistributedError."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as err:
+        if jax.process_count() == 1 or not distributed.is_peer_failure(err):
+            raise
+        raise distributed.peer_lost(
+            err, process=jax.process_index(), count=jax.process_count(), step=loop.step
+        ) from err

@@ -32,10 +32,22 @@ def leaf_checksum(x: jax.Array) -> jax.Array:
     return jnp.sum(bits * weights, dtype=jnp.uint32)  # integer sums are order-independent
 
 
+@jax.jit
+def _all_checksums(leaves: list) -> list:
+    """`leaf_checksum` of every leaf in one program.
+
+    With several processes, sharded leaves make each checksum a program with cross-process
+    collectives; dispatched one by one, such programs run concurrently on XLA:CPU and their
+    gloo collectives can interleave differently in each process and deadlock (seen with
+    2 processes x 4 devices and FSDP). One program orders its collectives the same everywhere.
+    """
+    return [leaf_checksum(leaf) for leaf in leaves]
+
+
 def checksums(tree: Any) -> dict[str, int]:
     """{key path: checksum} of every array leaf, the same for any sharding of the values."""
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    sums = jax.device_get([leaf_checksum(leaf) for _, leaf in leaves])
+    sums = jax.device_get(_all_checksums([leaf for _, leaf in leaves]))
     return {jax.tree_util.keystr(path): int(s) for (path, _), s in zip(leaves, sums, strict=True)}
 
 

@@ -1,0 +1,254 @@
+"""Run a command as a multi-process JAX job on one machine (tests; machines without a cluster).
+
+    python -m experiments.launch_local --processes=2 --devices_per_process=4 -- \\
+        python -m experiments.train --config=configs/base.py:tiny --workdir=runs/two
+
+starts the command `--processes` times. Process i gets `TFJAX_COORDINATOR_ADDRESS` (a free
+port on 127.0.0.1: nothing listens beyond loopback), `TFJAX_NUM_PROCESSES` and
+`TFJAX_PROCESS_ID=i`; `experiments.train` joins the job when it sees them
+(`tfjax.parallel.distributed`). `--devices_per_process=N` gives each process N simulated CPU
+devices (`--xla_force_host_platform_device_count`); CPU collectives between the processes go
+through gloo. Each output line comes back prefixed with `[i] `, stdout to stdout, stderr to
+stderr. On a cluster the same command runs without this launcher (see the README, "Multi-host").
+
+When a process fails, the others get `--grace_seconds` to end on their own (JAX ends them when
+it notices a peer is gone), then are killed; the launcher names the process that failed first
+and exits with its status (128 + N for a signal N). Ctrl-C or SIGTERM to the launcher sends
+SIGTERM to every process (`experiments.train` then saves a checkpoint at one agreed step and
+stops); a second Ctrl-C kills them. `--timeout_seconds` bounds the whole job (status 124).
+Processes die with the launcher, even when it is killed (Linux: PR_SET_PDEATHSIG).
+"""
+
+import contextlib
+import dataclasses
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from absl import flags
+
+from experiments import cli
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("processes", 2, "Number of processes to start (>= 1).")
+flags.DEFINE_integer(
+    "devices_per_process",
+    0,
+    "Simulated CPU devices per process (0: leave XLA_FLAGS as the environment has it).",
+)
+flags.DEFINE_integer("port", 0, "Coordinator port on 127.0.0.1 (0: pick a free one).")
+flags.DEFINE_float("timeout_seconds", 0, "Stop the whole job after this long (0: no limit).")
+flags.DEFINE_float(
+    "grace_seconds", 10, "After one process fails, how long the others may take to end."
+)
+
+TIMEOUT_STATUS = 124  # as timeout(1)
+_DEVICE_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S*")
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (the kernel's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def check_port(port: int) -> None:
+    """Raises a one-line UsageError unless `port` can be bound on 127.0.0.1."""
+    if not 0 < port < 65536:
+        raise cli.UsageError(f"--port={port} is not a TCP port: give 1-65535, or 0 for a free one")
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: TIME_WAIT is fine
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as err:
+            raise cli.UsageError(
+                f"port {port} on 127.0.0.1 is in use ({err.strerror}): pick another --port, "
+                "or leave it out and a free one is chosen"
+            ) from None
+
+
+def child_env(environ: dict, *, port: int, processes: int, index: int, devices: int) -> dict:
+    """The environment of process `index`: the job's TFJAX_* variables and its device count."""
+    env = dict(environ)
+    env.update(
+        TFJAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+        TFJAX_NUM_PROCESSES=str(processes),
+        TFJAX_PROCESS_ID=str(index),
+        PYTHONUNBUFFERED="1",  # lines arrive as they are printed
+    )
+    if devices:
+        kept = _DEVICE_FLAG.sub("", env.get("XLA_FLAGS", "")).split()
+        env["XLA_FLAGS"] = " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+    return env
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the launcher dies (Linux only)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def describe_status(status: int) -> str:
+    if status < 0:
+        return f"was killed by {signal.Signals(-status).name}"
+    return f"exited with status {status}"
+
+
+class Job:
+    """The started processes, their output forwarders, and how they ended."""
+
+    def __init__(self, command: list[str], processes: int, port: int, devices: int):
+        self._lock = threading.Lock()
+        self.procs: list[subprocess.Popen] = []
+        for index in range(processes):
+            env = child_env(
+                os.environ, port=port, processes=processes, index=index, devices=devices
+            )
+            self.procs.append(
+                subprocess.Popen(
+                    command,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # the terminal's Ctrl-C reaches the launcher only
+                    preexec_fn=_die_with_parent,
+                )
+            )
+        self.threads = [
+            threading.Thread(target=self._forward, args=(pipe, f"[{i}] ", out), daemon=True)
+            for i, proc in enumerate(self.procs)
+            for pipe, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _forward(self, pipe, prefix: str, out) -> None:
+        for line in iter(pipe.readline, b""):
+            text = line.decode("utf-8", "replace").rstrip("\n")
+            with self._lock:
+                out.write(f"{prefix}{text}\n")
+                out.flush()
+
+    def signal_all(self, signum: int) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signum)
+
+    def first_failure(self) -> int | None:
+        """The index of the failed process that ended first (lowest index among ties)."""
+        failed = [i for i, proc in enumerate(self.procs) if proc.poll() not in (None, 0)]
+        return failed[0] if failed else None
+
+    def running(self) -> bool:
+        return any(proc.poll() is None for proc in self.procs)
+
+    def finish(self) -> None:
+        for proc in self.procs:
+            proc.wait()
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+
+class _Stop:
+    """Ctrl-C / SIGTERM to the launcher: SIGTERM to the job, then SIGKILL on the second one."""
+
+    def __init__(self, job: Job):
+        self.job, self.count = job, 0
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame):
+        self.count += 1
+        self.job.signal_all(signal.SIGTERM if self.count == 1 else signal.SIGKILL)
+
+
+@dataclasses.dataclass
+class Outcome:
+    failed: int | None = None  # the process that failed first
+    timed_out: bool = False
+    killed: list[int] = dataclasses.field(default_factory=list)  # by the launcher
+
+
+def supervise(job: Job, *, timeout: float, grace: float) -> Outcome:
+    """Waits for the job to end; after a failure or past `timeout`, kills what still runs."""
+    deadline = time.monotonic() + timeout if timeout else None
+    outcome, kill_at = Outcome(), None
+    while job.running():
+        now = time.monotonic()
+        if outcome.failed is None:
+            outcome.failed = job.first_failure()
+            kill_at = None if outcome.failed is None else now + grace
+        outcome.timed_out = deadline is not None and now > deadline
+        if outcome.timed_out or (kill_at is not None and now > kill_at):
+            outcome.killed = [i for i, proc in enumerate(job.procs) if proc.poll() is None]
+            job.signal_all(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    job.finish()
+    if outcome.failed is None:
+        outcome.failed = job.first_failure()
+    return outcome
+
+
+def main(argv):
+    command = argv[1:]
+    if not command:
+        raise cli.UsageError(
+            "no command to run: put it after --, e.g. python -m experiments.launch_local "
+            "--processes=2 -- python -m experiments.train --config=configs/base.py:tiny"
+        )
+    if FLAGS.processes < 1 or FLAGS.devices_per_process < 0:
+        raise cli.UsageError(
+            f"--processes={FLAGS.processes} --devices_per_process={FLAGS.devices_per_process}: "
+            "need at least 1 process, and 0 (the environment's) or more devices each"
+        )
+    if FLAGS.port:
+        check_port(FLAGS.port)
+    port = FLAGS.port or free_port()
+    job = Job(command, FLAGS.processes, port, FLAGS.devices_per_process)
+    stop = _Stop(job)
+    outcome = supervise(job, timeout=FLAGS.timeout_seconds, grace=FLAGS.grace_seconds)
+    return _report(job, outcome, interrupted=stop.count > 0)
+
+
+def _report(job: Job, outcome: Outcome, *, interrupted: bool) -> int:
+    """Prints one line when the job did not succeed; returns the exit status."""
+    count = len(job.procs)
+    killed = f"; killed process(es) {outcome.killed}" if outcome.killed else ""
+    if outcome.timed_out:
+        print(
+            f"error: the job of {count} processes ran past --timeout_seconds="
+            f"{FLAGS.timeout_seconds:g}{killed}; raise the limit, or rerun to resume",
+            file=sys.stderr,
+        )
+        return TIMEOUT_STATUS
+    if outcome.failed is None:
+        return 0
+    status = job.procs[outcome.failed].returncode
+    cause = "after Ctrl-C or SIGTERM" if interrupted else "first"
+    fix = (
+        "fix what its error line says, then rerun"
+        if status == cli.USAGE_STATUS
+        else "rerun the same command to resume (experiments.train continues from the last "
+        "complete checkpoint)"
+    )
+    print(
+        f"error: process {outcome.failed} of {count} {describe_status(status)} {cause}{killed}"
+        f". Its output is on the lines [{outcome.failed}] above; {fix}",
+        file=sys.stderr,
+    )
+    return status if status > 0 else 128 - status
+
+
+if __name__ == "__main__":
+    cli.main(main)

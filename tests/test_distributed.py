@@ -1,0 +1,117 @@
+"""Joining a multi-process job (`tfjax.parallel.distributed`) and the local launcher's pieces.
+
+Fast checks in this process; the processes themselves are started in tests/test_multihost.py.
+"""
+
+import socket
+
+import jax
+import pytest
+
+from experiments import cli, launch_local
+from tfjax import errors
+from tfjax.parallel import distributed, strategies
+
+ADDRESS = "127.0.0.1:12355"
+
+
+def _environ(address=ADDRESS, count="2", index="1") -> dict:
+    values = {
+        distributed.ENV_COORDINATOR: address,
+        distributed.ENV_NUM_PROCESSES: count,
+        distributed.ENV_PROCESS_ID: index,
+    }
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def test_job_comes_from_all_three_variables_or_from_the_cluster():
+    assert distributed.job_from_environ(_environ()) == distributed.Job(ADDRESS, 2, 1)
+    assert distributed.job_from_environ({}) == distributed.Job()  # JAX detects the cluster
+    assert not distributed.Job().explicit
+    assert distributed.requested(False, _environ()) and distributed.requested(True, {})
+    assert not distributed.requested(False, {"TFJAX_PROCESS_ID": ""})
+
+
+@pytest.mark.parametrize(
+    "environ, message",
+    [
+        (_environ(count=None), "TFJAX_NUM_PROCESSES not"),
+        (_environ(address=None, count=None), "set all of"),
+        (_environ(index="one"), "TFJAX_PROCESS_ID='one' is not an integer"),
+        (_environ(index="2"), "0 <= TFJAX_PROCESS_ID < TFJAX_NUM_PROCESSES"),
+        (_environ(count="0", index="0"), "TFJAX_NUM_PROCESSES >= 1"),
+        (_environ(address="127.0.0.1"), "is not host:port"),
+        (_environ(address="host:99999"), "is not host:port"),
+    ],
+)
+def test_bad_launch_variables_are_one_line_errors(environ, message):
+    with pytest.raises(errors.DistributedError, match=message) as raised:
+        distributed.job_from_environ(environ)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_missing_coordinator_is_a_one_line_error_not_a_hang():
+    with socket.socket() as sock:  # a port that nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(errors.DistributedError, match="did not answer within 1 s") as raised:
+        distributed._wait_for_coordinator(f"127.0.0.1:{port}", 1)
+    assert "process 0" in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_start_errors_name_the_fix():
+    job = distributed.Job(ADDRESS, 2, 0)
+    busy = distributed._start_error(job, RuntimeError("UNKNOWN: Failed to start RPC server"))
+    assert "is port 12355 in use?" in str(busy)
+    undetected = distributed._start_error(distributed.Job(), ValueError("coordinator_address"))
+    assert "launch_local" in str(undetected) and "TFJAX_COORDINATOR_ADDRESS" in str(undetected)
+
+
+def test_a_failed_collective_names_the_dead_peer_and_the_rerun():
+    gloo = RuntimeError("UNKNOWN: Gloo all-reduce failed: Read error\nConnection reset by peer")
+    assert distributed.is_peer_failure(gloo)
+    assert not distributed.is_peer_failure(RuntimeError("RESOURCE_EXHAUSTED: out of memory"))
+    text = str(distributed.peer_lost(gloo, process=0, count=2, step=7))
+    assert text.startswith("process 0 of 2 stopped at step 7: a collective failed")
+    assert "rerun the same command" in text and "\n" not in text
+
+
+def test_one_process_feeds_every_row_of_the_batch():
+    assert strategies.create("pmap").host_rows(16) == slice(0, 16)
+    assert strategies.create("sharded", fsdp=2).host_rows(16) == slice(0, 16)
+    with pytest.raises(errors.ConfigError, match="divisible by the number of devices"):
+        strategies.create("pmap").host_rows(12)
+
+
+def test_pmap_checkpoint_state_is_replicated_without_the_device_axis():
+    strategy = strategies.create("pmap")
+    state = strategy.put_state({"w": jax.numpy.arange(6.0).reshape(2, 3)})
+    saved = strategy.checkpoint_state(state)["w"]
+    assert saved.shape == (2, 3) and saved.sharding.is_fully_replicated
+    assert len(saved.sharding.device_set) == jax.device_count()
+    target = strategy.restore_target(jax.eval_shape(lambda: {"w": saved}))["w"]
+    assert target.sharding == saved.sharding
+    again = strategy.put_state({"w": saved})["w"]  # a restored state goes back on every device
+    assert again.shape == (jax.device_count(), 2, 3)
+
+
+def test_launcher_environment_replaces_the_device_count():
+    environ = {"XLA_FLAGS": "--xla_foo=1 --xla_force_host_platform_device_count=8", "A": "b"}
+    env = launch_local.child_env(environ, port=555, processes=3, index=2, devices=4)
+    assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_force_host_platform_device_count=4"
+    assert env["TFJAX_COORDINATOR_ADDRESS"] == "127.0.0.1:555"
+    assert (env["TFJAX_NUM_PROCESSES"], env["TFJAX_PROCESS_ID"], env["A"]) == ("3", "2", "b")
+    kept = launch_local.child_env(environ, port=555, processes=3, index=0, devices=0)
+    assert kept["XLA_FLAGS"] == environ["XLA_FLAGS"]
+
+
+def test_launcher_refuses_a_port_in_use_and_reports_signals():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        with pytest.raises(cli.UsageError, match=r"port \d+ on 127.0.0.1 is in use"):
+            launch_local.check_port(sock.getsockname()[1])
+    with pytest.raises(cli.UsageError, match="not a TCP port"):
+        launch_local.check_port(70000)
+    assert launch_local.describe_status(-9) == "was killed by SIGKILL"
+    assert launch_local.describe_status(2) == "exited with status 2"

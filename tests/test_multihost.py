@@ -1,0 +1,408 @@
+"""Multi-process training with real processes on one machine (`experiments.launch_local`).
+
+Two processes with 4 simulated CPU devices each (collectives over gloo on 127.0.0.1) train the
+tiny encoder-decoder with the real command line, and are compared with independent references
+trained as ordinary single processes on 1 device and on 8 devices: parameters to 1e-5, logged
+metrics, the rows each process reads, checkpoints across topologies, a process that dies.
+
+Dropout and biases are off for the same reasons as in tests/test_parallel.py; `model.mlp_dim`
+512 makes the [32, 512] feed-forward kernels reach `strategies.FSDP_MIN_SIZE`, so FSDP really
+splits them (and their Adam moments) in the sharded runs. Every run is a subprocess with a
+timeout, and the launcher's processes die with it. The runs are shared by the tests that
+compare them: computed once per session, also across pytest-xdist workers (a lock file per
+run), with compiled programs cached on disk for the session.
+"""
+
+import fcntl
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from experiments import config_utils
+from tfjax.data import datasets, pipeline
+from tfjax.runs import build
+from tfjax.training import logger
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+SPEC = "configs/base.py:tiny"
+STEPS, HALF = 8, 4
+ATOL = 1e-5  # as tests/test_parallel.py: 8 Adam steps in another reduction order agree to ~2e-6
+TIMEOUT = 300  # seconds for one job; the launcher kills it after that
+HEARTBEAT = 10  # parallel.heartbeat_timeout_seconds: a dead process is noticed within this
+COMMON = [
+    "data.name=reverse",
+    "data.num_train_examples=512",
+    "data.num_eval_examples=24",
+    "data.pack=false",
+    "model.dropout_rate=0.0",
+    "model.use_bias=false",
+    "model.mlp_dim=512",
+    "train.eval_every_steps=0",
+    "train.checkpoint_every_steps=4",
+    "train.log_every_steps=2",
+    "train.keep_checkpoints=8",
+    f"parallel.heartbeat_timeout_seconds={HEARTBEAT}",
+]
+FSDP = ["parallel.mode=sharded", "parallel.fsdp=2"]
+
+
+def _env(root: pathlib.Path, devices: int | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFJAX_")}
+    env.update(JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"))
+    if devices:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return env
+
+
+def _train(workdir: pathlib.Path, steps: int, *overrides: str) -> list[str]:
+    config = [*COMMON, f"train.num_train_steps={steps}", *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "experiments.train",
+        f"--config={SPEC}",
+        f"--workdir={workdir}",
+        *[f"--config.{o}" for o in config],
+    ]
+
+
+def _launch(command: list[str], *, processes: int = 2, devices: int = 4, flags=()) -> list:
+    return [
+        sys.executable,
+        "-m",
+        "experiments.launch_local",
+        f"--processes={processes}",
+        f"--devices_per_process={devices}",
+        f"--timeout_seconds={TIMEOUT}",
+        *flags,
+        "--",
+        *command,
+    ]
+
+
+def _run(command: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT + 60
+    )
+
+
+def _succeeded(result: subprocess.CompletedProcess) -> str:
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    return output
+
+
+@pytest.fixture(scope="session")
+def root(tmp_path_factory) -> pathlib.Path:
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the workers of one session share it
+    path = base / "multihost"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def _once(root: pathlib.Path, name: str, make) -> tuple[pathlib.Path, str]:
+    """(workdir, output) of `make(workdir) -> output`, run once per session by the first."""
+    workdir, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            shutil.rmtree(workdir, ignore_errors=True)
+            done.write_text(make(workdir))
+    return workdir, done.read_text()
+
+
+def _single(root, name, steps, devices, *overrides, start_from=None):
+    def make(workdir):
+        if start_from is not None:
+            shutil.copytree(start_from, workdir)
+        return _succeeded(_run(_train(workdir, steps, *overrides), _env(root, devices)))
+
+    return _once(root, name, make)
+
+
+def _two(root, name, steps, *overrides, start_from=None):
+    def make(workdir):
+        if start_from is not None:
+            shutil.copytree(start_from, workdir)
+        return _succeeded(_run(_launch(_train(workdir, steps, *overrides)), _env(root)))
+
+    return _once(root, name, make)
+
+
+@pytest.fixture(scope="session")
+def one_device(root):
+    return _single(root, "one_device", HALF, 1)
+
+
+@pytest.fixture(scope="session")
+def eight_devices(root):
+    return _single(root, "eight_devices", STEPS, 8)
+
+
+@pytest.fixture(scope="session")
+def two_pmap(root):
+    return _two(root, "two_pmap", HALF)
+
+
+@pytest.fixture(scope="session")
+def two_fsdp(root):
+    return _two(root, "two_fsdp", STEPS, *FSDP)
+
+
+_PARAMS: dict = {}
+
+
+def _params(workdir: pathlib.Path, step: int):
+    """The parameters of checkpoint `step` as numpy arrays (restored in this process)."""
+    if (workdir, step) not in _PARAMS:
+        config = build.load_config_json(workdir / "config.json")
+        restored = build.restore(config, workdir, step)[1]
+        _PARAMS[workdir, step] = jax.device_get(restored.state.params)
+    return _PARAMS[workdir, step]
+
+
+def _assert_close(actual, expected):
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=ATOL), actual, expected)
+
+
+def test_two_processes_with_pmap_end_with_the_parameters_of_one_process(
+    one_device, eight_devices, two_pmap
+):
+    reference = _params(one_device[0], HALF)
+    _assert_close(_params(two_pmap[0], HALF), reference)
+    _assert_close(_params(eight_devices[0], HALF), reference)
+    moved = jax.tree.map(
+        lambda a, b: float(np.abs(a - b).max()), _params(eight_devices[0], STEPS), reference
+    )
+    assert max(jax.tree.leaves(moved)) > 1e-3  # steps 5-8 still change the parameters
+
+
+def _fsdp_specs(checkpoint: pathlib.Path) -> list[str]:
+    """The partition specs orbax recorded for the state's arrays (its `_sharding` file)."""
+    records = json.loads((checkpoint / "state" / "_sharding").read_text())
+    return [json.dumps(json.loads(value).get("partition_spec")) for value in records.values()]
+
+
+def _written_by(checkpoint: pathlib.Path, process: int) -> int:
+    folder = checkpoint / "state" / f"ocdbt.process_{process}"
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def test_two_processes_with_fsdp_shard_the_parameters_and_end_like_one_process(
+    eight_devices, two_fsdp
+):
+    _assert_close(_params(two_fsdp[0], STEPS), _params(eight_devices[0], STEPS))
+    checkpoint = two_fsdp[0] / "checkpoints" / str(STEPS)
+    # The 2 feed-forward kernels of each stack, with their 2 Adam moments, split over "fsdp".
+    assert sum('"fsdp"' in spec for spec in _fsdp_specs(checkpoint)) >= 12
+    assert _written_by(checkpoint, 0) > 0 and _written_by(checkpoint, 1) > 0
+
+
+def test_process_0_alone_writes_logs_and_they_hold_the_global_metrics(one_device, two_pmap):
+    train = logger.read_metrics(two_pmap[0], "train")
+    assert [r["step"] for r in train] == [2, 4]  # once each: process 1 wrote no metrics
+    for ours, reference in zip(train, logger.read_metrics(one_device[0], "train"), strict=True):
+        for key in ("loss", "nll", "accuracy", "exact_match", "grad_norm", "learning_rate"):
+            np.testing.assert_allclose(ours[key], reference[key], rtol=1e-5, err_msg=key)
+    final, reference = (logger.read_metrics(w, "final_eval") for w in (two_pmap[0], one_device[0]))
+    assert len(final) == 1 and final[0].keys() == reference[0].keys()
+    for key, value in reference[0].items():  # greedy BLEU too: predictions of both processes
+        if isinstance(value, float):
+            np.testing.assert_allclose(final[0][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    assert len(list((two_pmap[0] / logger.TENSORBOARD_DIR).rglob("*tfevents*"))) == 1
+    assert (two_pmap[0] / "config.json").is_file() and (two_pmap[0] / "tokenizer.json").is_file()
+    checkpoint = two_pmap[0] / "checkpoints" / str(HALF)
+    assert _written_by(checkpoint, 0) > 0 and _written_by(checkpoint, 1) > 0
+
+
+# Run by each of the 2 processes: the rows of 3 training batches that this process reads, and
+# the global batch the strategy assembles from every process's rows, for pmap and FSDP.
+WORKER = """
+import pathlib, sys
+import numpy as np
+from experiments import config_utils
+from tfjax.parallel import distributed
+
+distributed.initialize(distributed.job_from_environ())
+import jax
+from jax.experimental import multihost_utils
+from tfjax.runs import build, trainer
+
+out = pathlib.Path(sys.argv[1])
+for mode, fsdp in (("pmap", 1), ("sharded", 2)):
+    overrides = [*sys.argv[3:], f"parallel.mode={mode}", f"parallel.fsdp={fsdp}"]
+    config = config_utils.load_config(sys.argv[2], overrides)
+    run = build.build(config, out / "workdir")
+    rows = run.strategy.host_rows(config.train.global_batch_size)
+    iterator = trainer.train_iterator(run)
+    local, assembled = [], []
+    for _ in range(3):
+        batch = next(iterator)
+        local.append(batch["targets"])
+        placed = run.strategy.put_batch(batch)["targets"]
+        whole = np.asarray(multihost_utils.process_allgather(placed, tiled=True))
+        assembled.append(whole.reshape(-1, whole.shape[-1]))
+    np.savez(
+        out / f"{mode}_{jax.process_index()}.npz",
+        local=np.stack(local),
+        assembled=np.stack(assembled),
+        rows=np.array([rows.start, rows.stop]),
+    )
+"""
+
+
+def test_each_process_reads_its_own_rows_of_every_global_batch(root, tmp_path):
+    command = [sys.executable, "-c", WORKER, str(tmp_path), SPEC, *COMMON]
+    _succeeded(_run(_launch(command), _env(root)))
+    config = config_utils.load_config(SPEC, COMMON)
+    examples = datasets.load(datasets.DataConfig(**config.data), "encoder_decoder", seed=0)
+    size, half = config.train.global_batch_size, config.train.global_batch_size // 2
+    dataset = pipeline.make_dataset(examples.train, batch_size=size, seed=config.seed)
+    expected = np.stack([dataset[i]["targets"] for i in range(3)])  # one process's batches
+    for mode in ("pmap", "sharded"):
+        parts = [np.load(tmp_path / f"{mode}_{i}.npz") for i in range(2)]
+        assert [p["rows"].tolist() for p in parts] == [[0, half], [half, size]]
+        for i, part in enumerate(parts):  # disjoint halves that together are the batch
+            np.testing.assert_array_equal(part["local"], expected[:, i * half : (i + 1) * half])
+            np.testing.assert_array_equal(part["assembled"], expected)
+        assert not np.array_equal(parts[0]["local"], parts[1]["local"])
+
+
+def test_checkpoint_of_two_processes_resumes_on_one_and_on_eight_devices(
+    root, two_pmap, eight_devices
+):
+    for devices in (1, 8):
+        workdir, output = _single(
+            root, f"two_then_{devices}", STEPS, devices, start_from=two_pmap[0]
+        )
+        assert f"at step {HALF}" in output and "resumed from" in output, output[-3000:]
+        _assert_close(_params(workdir, STEPS), _params(eight_devices[0], STEPS))
+
+
+def _child(launcher: int, index: int, timeout: float = 120) -> int:
+    """The pid of process `index` started by the launcher `launcher`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+            try:
+                parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                environ = (stat.parent / "environ").read_bytes().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if parent == launcher and f"TFJAX_PROCESS_ID={index}".encode() in environ:
+                return int(stat.parent.name)
+        time.sleep(0.1)
+    raise TimeoutError(f"the launcher {launcher} started no process {index}")
+
+
+def _wait_for_step(workdir: pathlib.Path, step: int, job: subprocess.Popen, output) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not any(r["step"] >= step for r in logger.read_metrics(workdir, "train")):
+        assert job.poll() is None, output.read_text()[-6000:]
+        assert time.monotonic() < deadline, "the job never reached step {step}"
+        time.sleep(0.02)
+
+
+def _complete_checkpoints(workdir: pathlib.Path) -> list[int]:
+    folder = workdir / "checkpoints"
+    return sorted(int(p.name) for p in folder.iterdir() if (p / "commit_success.txt").exists())
+
+
+def test_a_dead_process_ends_the_job_and_the_rerun_resumes(
+    root, tmp_path, one_device, eight_devices
+):
+    """Resumes a 1-process checkpoint on 2 processes, kills process 1, reruns the command."""
+    workdir = tmp_path / "run"
+    shutil.copytree(one_device[0], workdir)  # a checkpoint of 1 process x 1 device, step 4
+    # Each step logs, evaluates 16 examples and saves, so the kill lands long before step 8.
+    slow = ["train.log_every_steps=1", "train.eval_every_steps=1", "train.max_eval_examples=16"]
+    train = _train(workdir, STEPS, *slow, "train.checkpoint_every_steps=1")
+    command = _launch(train, flags=["--grace_seconds=120"])  # time for JAX to end process 0
+    output = tmp_path / "output.txt"
+    with open(output, "w") as sink:
+        job = subprocess.Popen(command, cwd=ROOT, env=_env(root), stdout=sink, stderr=sink)
+        try:
+            _wait_for_step(workdir, HALF + 1, job, output)
+            os.kill(_child(job.pid, 1), signal.SIGKILL)
+            killed = time.monotonic()
+            status = job.wait(timeout=TIMEOUT)
+        finally:
+            job.kill()
+    ended_after, text = time.monotonic() - killed, output.read_text()
+    assert status == 128 + signal.SIGKILL, text[-6000:]
+    assert "error: process 1 of 2 was killed by SIGKILL first." in text
+    assert "killed process(es)" not in text  # process 0 ended by itself ...
+    assert ended_after < HEARTBEAT + 50  # ... within the heartbeat timeout, plus slack
+    assert "another task died" in text or "a collective failed" in text  # and said why
+    assert not logger.read_metrics(workdir, "final_eval")[1:]  # only the copied step-4 one
+    resume = _complete_checkpoints(workdir)[-1]
+    assert HALF <= resume < STEPS
+    rerun = _succeeded(_run(command, _env(root)))
+    assert f"resumed from {workdir / 'checkpoints'} at step {resume}" in rerun, rerun[-3000:]
+    _assert_close(_params(workdir, STEPS), _params(eight_devices[0], STEPS))
+
+
+def _errors(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "error: " in line]
+
+
+def test_bad_launches_are_one_line_errors(root, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        launcher = _run(_launch(["true"], flags=[f"--port={port}"]), _env(root))
+        assert launcher.returncode == 2 and _errors(launcher.stderr) == [
+            f"error: port {port} on 127.0.0.1 is in use (Address already in use): pick "
+            "another --port, or leave it out and a free one is chosen"
+        ]
+        env = _env(root, 1)
+        env.update(TFJAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", TFJAX_NUM_PROCESSES="2")
+        coordinator = _run(_train(tmp_path / "a", 2), {**env, "TFJAX_PROCESS_ID": "0"})
+    assert coordinator.returncode == 2, coordinator.stderr[-3000:]
+    assert _errors(coordinator.stderr) == [
+        f"error: process 0 cannot serve the coordinator on port {port} (Address already in "
+        "use): is the port in use? choose a free one in TFJAX_COORDINATOR_ADDRESS, or let "
+        "python -m experiments.launch_local pick one"
+    ]
+    late = ["parallel.initialization_timeout_seconds=2"]  # nothing listens on `port` now
+    joiner = _run(_train(tmp_path / "b", 2, *late), {**env, "TFJAX_PROCESS_ID": "1"})
+    assert joiner.returncode == 2 and len(_errors(joiner.stderr)) == 1, joiner.stderr[-3000:]
+    assert f"the coordinator at 127.0.0.1:{port} (process 0) did not answer" in joiner.stderr
+    alone = _run(_train(tmp_path / "c", 2, "parallel.distributed=true"), _env(root, 1))
+    assert alone.returncode == 2 and len(_errors(alone.stderr)) == 1
+    assert "no TPU VM, Slurm or Open MPI job was detected" in alone.stderr
+    assert not any((tmp_path / name).exists() for name in "abc")  # nothing was written
+
+
+def test_a_batch_that_does_not_divide_over_the_processes_is_refused(root, tmp_path):
+    command = _launch(_train(tmp_path / "run", 2), processes=3, devices=1)
+    result = _run(command, _env(root))
+    assert result.returncode == 2, result.stderr[-3000:]
+    message = (
+        "error: train.global_batch_size=8 must be divisible by the number of devices "
+        "(3 hosts x 1 local devices = 3)"
+    )
+    lines = _errors(result.stderr)
+    assert sorted(lines[:-1]) == [f"[{i}] {message}" for i in range(3)], result.stderr[-3000:]
+    assert re.fullmatch(
+        r"error: process [012] of 3 exited with status 2 first\. Its output is on the lines "
+        r"\[[012]\] above; fix what its error line says, then rerun",
+        lines[-1],
+    )
+    assert not (tmp_path / "run").exists()

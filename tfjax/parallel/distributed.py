@@ -1,0 +1,234 @@
+"""Joining a multi-process JAX job, and what the processes of one job must agree on.
+
+A job is P processes, each driving its own devices; together they see every device
+(`jax.devices()`), and collectives inside a step span all of them (on CPU through gloo). Each
+process calls `initialize` once, before any other JAX call, in one of two ways:
+  * explicit: the coordinator address (process 0 serves it), the process count and this
+    process's id come from `TFJAX_COORDINATOR_ADDRESS`, `TFJAX_NUM_PROCESSES` and
+    `TFJAX_PROCESS_ID` (`python -m experiments.launch_local` sets them; so can a user);
+  * detected: with none of them set, `jax.distributed.initialize()` finds the job itself on
+    Cloud TPU VMs, Slurm and Open MPI (JAX's `jax._src.clusters`).
+Sources: the JAX guide "Introduction to multi-controller JAX" (docs.jax.dev, multi_process)
+and the docstrings of `jax.distributed.initialize` and
+`jax.experimental.multihost_utils.reached_preemption_sync_point` (jax 0.10).
+
+If a process dies, JAX's coordination service notices within `heartbeat_timeout_seconds` and
+ends the others; a collective that meets a dead peer fails at once (`peer_lost` words it).
+"""
+
+import dataclasses
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+
+from tfjax import errors
+
+log = logging.getLogger(__name__)
+
+ENV_COORDINATOR = "TFJAX_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES = "TFJAX_NUM_PROCESSES"
+ENV_PROCESS_ID = "TFJAX_PROCESS_ID"
+ENV_VARS = (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID)
+_LOOPBACK = ("127.", "localhost", "[::1]")
+RESUME_HINT = "rerun the same command (on every host): it resumes from the last complete checkpoint"
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """Where this process sits in a job; all None: let JAX detect the cluster."""
+
+    coordinator_address: str | None = None  # "host:port" of process 0's coordination service
+    num_processes: int | None = None
+    process_id: int | None = None
+
+    @property
+    def explicit(self) -> bool:
+        return self.coordinator_address is not None
+
+    def describe(self) -> str:
+        if not self.explicit:
+            return "a job detected from the cluster environment (TPU VM, Slurm or Open MPI)"
+        return (
+            f"process {self.process_id} of {self.num_processes} with the coordinator at "
+            f"{self.coordinator_address}"
+        )
+
+
+def job_from_environ(environ: Mapping[str, str] = os.environ) -> Job:
+    """The job `TFJAX_*` variables describe (all three or none of them set).
+
+    Raises:
+        DistributedError: for a partial set, a value that is not a number, or an id >= count.
+    """
+    values = {name: environ.get(name, "").strip() for name in ENV_VARS}
+    given = [name for name, value in values.items() if value]
+    if not given:
+        return Job()
+    if len(given) < len(ENV_VARS):
+        missing = ", ".join(name for name in ENV_VARS if name not in given)
+        raise errors.DistributedError(
+            f"{', '.join(given)} set but {missing} not: set all of {', '.join(ENV_VARS)} "
+            "(python -m experiments.launch_local does), or none to detect the cluster"
+        )
+    _split_address(values[ENV_COORDINATOR])
+    count, index = (_integer(name, values[name]) for name in (ENV_NUM_PROCESSES, ENV_PROCESS_ID))
+    if count < 1 or not 0 <= index < count:
+        raise errors.DistributedError(
+            f"{ENV_PROCESS_ID}={index} with {ENV_NUM_PROCESSES}={count}: need "
+            f"{ENV_NUM_PROCESSES} >= 1 and 0 <= {ENV_PROCESS_ID} < {ENV_NUM_PROCESSES}"
+        )
+    return Job(values[ENV_COORDINATOR], count, index)
+
+
+def requested(distributed: bool, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether to join a job: `parallel.distributed`, or a launcher's `TFJAX_*` variables."""
+    return distributed or any(environ.get(name) for name in ENV_VARS)
+
+
+def _integer(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise errors.DistributedError(f"{name}={text!r} is not an integer") from None
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise errors.DistributedError(
+            f"{ENV_COORDINATOR}={address!r} is not host:port (e.g. 127.0.0.1:12355)"
+        )
+    return host.strip("[]"), int(port)
+
+
+def initialize(
+    job: Job, *, initialization_timeout_seconds: int = 300, heartbeat_timeout_seconds: int = 100
+) -> None:
+    """Joins `job`; call once per process, before any other JAX call.
+
+    Processes other than 0 first wait for the coordinator's port to open, so a coordinator that
+    never comes gives this one-line error instead of an abort inside JAX.
+
+    Raises:
+        DistributedError: the coordinator cannot start (port in use) or be reached, or no
+            cluster was detected.
+    """
+    import jax
+
+    if jax.distributed.is_initialized():
+        return
+    if jax.config.jax_cpu_collectives_implementation in (None, "none"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives
+    options = dict(
+        initialization_timeout=initialization_timeout_seconds,
+        heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+    )
+    if job.explicit:
+        if job.process_id == 0:
+            _check_port_free(job.coordinator_address)
+        else:
+            _wait_for_coordinator(job.coordinator_address, initialization_timeout_seconds)
+        options.update(
+            coordinator_address=job.coordinator_address,
+            num_processes=job.num_processes,
+            process_id=job.process_id,
+        )
+        if job.coordinator_address.startswith(_LOOPBACK):  # JAX binds to every interface
+            options["coordinator_bind_address"] = job.coordinator_address
+    log.info("joining %s (timeout %d s)", job.describe(), initialization_timeout_seconds)
+    try:
+        jax.distributed.initialize(**options)
+    except (RuntimeError, ValueError) as err:  # JaxRuntimeError is a RuntimeError
+        raise _start_error(job, err) from err
+
+
+def _start_error(job: Job, err: Exception) -> errors.DistributedError:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if not job.explicit:
+        fix = (
+            "no TPU VM, Slurm or Open MPI job was detected: run under one, use python -m "
+            f"experiments.launch_local on one machine, or set {', '.join(ENV_VARS)}"
+        )
+    elif "RPC server" in text:
+        fix = f"is port {job.coordinator_address.rpartition(':')[2]} in use? choose a free one"
+    else:
+        fix = "check that every process got the same coordinator address and process count"
+    return errors.DistributedError(f"could not join {job.describe()}: {text}; {fix}")
+
+
+def _check_port_free(address: str) -> None:
+    """Raises unless the coordinator's port can be bound (JAX 0.10 crashes, 1 time in 5, on a
+    port in use, instead of raising)."""
+    host, port = _split_address(address)
+    loopback = address.startswith(_LOOPBACK)
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: TIME_WAIT is fine
+        try:
+            sock.bind((host if loopback else "", port))
+        except OSError as err:
+            raise errors.DistributedError(
+                f"process 0 cannot serve the coordinator on port {port} ({err.strerror}): is "
+                f"the port in use? choose a free one in {ENV_COORDINATOR}, or let python -m "
+                "experiments.launch_local pick one"
+            ) from None
+
+
+def _wait_for_coordinator(address: str, timeout: int) -> None:
+    """Returns once `address` accepts a TCP connection; raises after `timeout` seconds."""
+    host, port = _split_address(address)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=5):
+                return
+        except OSError as err:
+            if time.monotonic() > deadline:
+                raise errors.DistributedError(
+                    f"the coordinator at {address} (process 0) did not answer within "
+                    f"{timeout:.0f} s ({err.strerror or err}): start process 0 with the same "
+                    f"{ENV_COORDINATOR}, or raise parallel.initialization_timeout_seconds"
+                ) from None
+            time.sleep(0.2)
+
+
+def barrier(name: str) -> None:
+    """Waits until every process of the job has reached `name` (a no-op in one process)."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def preemption_agreed(step: int) -> bool:
+    """Multi-process runs: whether every process stops at `step` after a SIGTERM to any one.
+
+    JAX's preemption service (started by `jax.distributed.initialize`) catches SIGTERM,
+    agrees on the next step that every process reaches, and reports True there on all of
+    them; a handler installed with `signal.signal` would replace its own, so install none.
+    """
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.reached_preemption_sync_point(step)
+
+
+# Words in the errors of a collective or barrier whose peer process is gone.
+_PEER_FAILURE = ("gloo", "unavailable", "connection", "coordination", "barrier", "deadline")
+
+
+def is_peer_failure(error: Exception) -> bool:
+    """Whether a JAX runtime error of a multi-process run says a peer process is gone."""
+    return any(word in str(error).lower() for word in _PEER_FAILURE)
+
+
+def peer_lost(error: Exception, *, process: int, count: int, step: int):
+    """The error to raise when a collective failed because another process of the job died."""
+    text = " ".join(str(error).split())[:200] or type(error).__name__
+    return errors.DistributedError(
+        f"process {process} of {count} stopped at step {step}: a collective failed "
+        f"({text}); another process of this job died or lost its connection (see its "
+        f"output); {RESUME_HINT}"
+    )
