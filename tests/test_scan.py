@@ -14,7 +14,7 @@ import optax
 import pytest
 
 from tfjax import errors, models
-from tfjax.inference import decoding
+from tfjax.inference import beam_search, decoding
 from tfjax.nn import stacking
 
 TINY = dict(
@@ -353,3 +353,19 @@ def test_scanned_greedy_decoding_equals_unscanned(positional):
     want = _jit(functools.partial(generate, model))(params, **prompts)
     got = _jit(functools.partial(generate, scanned))(stacked, **prompts)
     np.testing.assert_array_equal(got, want)
+
+
+def test_scanned_beam_search_equals_unscanned():
+    model, scanned, params, stacked = _pair(positional="relative")
+    search = functools.partial(
+        beam_search.beam_search, max_length=8, eos_id=3, beam_size=3, num_return=2
+    )
+    segments = (SRC > 0).astype(jnp.int32)
+    want, want_scores = _jit(functools.partial(search, model))(
+        params, SRC, inputs_segment_ids=segments
+    )
+    got, scores = _jit(functools.partial(search, scanned))(
+        stacked, SRC, inputs_segment_ids=segments
+    )
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
