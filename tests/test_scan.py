@@ -16,6 +16,8 @@ import pytest
 from tfjax import errors, models
 from tfjax.inference import beam_search, decoding
 from tfjax.nn import stacking
+from tfjax.runs import build
+from tfjax.training import checkpointing, steps
 
 TINY = dict(
     vocab_size=31,
@@ -369,3 +371,45 @@ def test_scanned_beam_search_equals_unscanned():
     )
     np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints across layouts.
+
+
+def _train_setup(scan: bool):
+    """(initial train state, jitted train step) of a decoder-only model without dropout."""
+    kind = "decoder_only"
+    model = models.create_model(_config(kind=kind, scan_layers=scan))
+    optimizer = optax.adam(1e-2)
+    batch = {"targets": TGT, "targets_segment_ids": TGT_SEG, "targets_positions": TGT_POS}
+    state = steps.create_train_state(model, optimizer, jax.random.key(0), batch, kind)
+    step = steps.make_train_step(
+        model, optimizer, lambda count: 1e-2, kind=kind, label_smoothing=0.1
+    )
+    return state, lambda state: _jit(step)(state, batch, jax.random.key(1))[0]
+
+
+@pytest.mark.parametrize("saved_scan", [False, True])
+def test_a_checkpoint_restores_into_the_other_layout_and_training_goes_on(tmp_path, saved_scan):
+    state, train_step = _train_setup(saved_scan)
+    state = train_step(state)  # non-zero Adam moments
+    # A checkpoint from before `scan_layers` existed has no such key: it is unscanned.
+    saved_model = {"scan_layers": True} if saved_scan else {}
+    with checkpointing.Checkpointer(tmp_path) as checkpointer:
+        checkpointer.save(
+            1, state, rng=jax.random.key(0), data_state={}, config={"model": saved_model}
+        )
+    other_state, other_step = _train_setup(not saved_scan)
+    config = _config(kind="decoder_only", scan_layers=not saved_scan)
+    with checkpointing.Checkpointer(tmp_path) as checkpointer:
+        restored = checkpointer.restore(
+            jax.eval_shape(lambda: other_state), convert=build.layout_conversion(config)
+        )
+    assert jax.tree.structure(restored.state) == jax.tree.structure(other_state)
+    converted = stacking.convert_layout(state, scan=not saved_scan)
+    _assert_trees_close(restored.state, converted, atol=0)
+    # One more step in either layout: the same parameters, laid out differently.
+    _assert_trees_close(
+        other_step(restored.state), stacking.convert_layout(train_step(state), scan=not saved_scan)
+    )
