@@ -130,6 +130,15 @@ def test_stacked_params_have_the_scanned_models_structure(kind):
     assert kernel["wi"]["kernel"].shape[0] == (3 if kind != "encoder_decoder" else 2)
 
 
+def test_a_scanned_stack_draws_each_layers_initial_weights_apart():
+    _, scanned, _, _ = _pair(kind="decoder_only")
+    args, _ = _inputs("decoder_only")
+    params = _jit(scanned.init)(jax.random.key(0), *args)["params"]
+    kernel = np.asarray(params["decoder"]["layers"]["self_attention"]["qkv"]["kernel"])
+    assert kernel.shape[0] == 3
+    assert not np.allclose(kernel[0], kernel[1]) and not np.allclose(kernel[1], kernel[2])
+
+
 def test_layout_round_trip_on_params_and_optimizer_state():
     _, _, params, stacked = _pair()
     assert stacked["encoder"]["layers"]["mlp"]["wi"]["kernel"].shape == (3, 16, 32)
