@@ -1,12 +1,14 @@
 """Tests for tfjax.nn.attention against references written out here, jax.nn and Flax attention."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfjax.nn import attention, masking
+from tfjax.nn import attention, masking, positional
 
 B, L, S, N, H = 2, 5, 6, 4, 4
 
@@ -264,6 +266,166 @@ def test_local_attention_equals_dense_window_mask(length, radius, causal, num_kv
     np.testing.assert_allclose(out, expected, atol=1e-5)
     with pytest.raises(ValueError, match="radius"):
         attention.local_attention(q, k, v, radius=0)
+
+
+def _packed(length):
+    """[B, L] segment ids (row 0: two segments and padding; row 1: one segment, one pad) and
+    positions restarting at 0 in each segment."""
+    split = length // 3
+    seg = np.zeros((B, length), np.int32)
+    seg[0, :split], seg[0, split : length - 2] = 1, 2
+    seg[1, : length - 1] = 1
+    starts = np.maximum.accumulate(
+        np.where(np.diff(seg, axis=1, prepend=-1) != 0, np.arange(length), 0), axis=1
+    )
+    positions = np.where(seg > 0, np.arange(length) - starts, 0)
+    return jnp.asarray(seg), jnp.asarray(positions, jnp.int32)
+
+
+def _offset_bias(kind):
+    """(offset_bias function, dense bias function of [B, L] positions) for `kind`."""
+    if kind == "alibi":
+        slopes = positional.alibi_slopes(N)
+        fn = functools.partial(positional.alibi_offset_bias, slopes=slopes)
+        return fn, lambda pos: positional.alibi_bias(pos, pos, slopes)
+    module = positional.RelativePositionBias(N, num_buckets=8, max_distance=10)
+    variables = {"params": {"rel_embedding": jax.random.normal(jax.random.key(9), (8, N))}}
+    fn = module.apply(variables, method=module.offset_bias)
+    return fn, lambda pos: module.apply(variables, pos, pos)
+
+
+@pytest.mark.parametrize(
+    "length, radius, causal, num_kv, score, bias_kind",
+    [
+        (13, 3, False, N, "scaled_dot", None),
+        (13, 3, True, 2, "dot", "alibi"),
+        (10, 4, False, 1, "scaled_dot", "relative"),
+        (7, 2, True, 1, "scaled_dot", "relative"),
+        (11, 3, False, 2, "dot", "relative"),
+        (9, 2, True, N, "dot", None),
+        (6, 9, False, 2, "scaled_dot", "alibi"),  # radius > L: one block
+    ],
+)
+def test_local_attention_with_segments_and_offset_bias_equals_dense(
+    length, radius, causal, num_kv, score, bias_kind
+):
+    q, k, v = _qkv(num_kv=num_kv, length=length, kv_length=length)
+    seg, positions = _packed(length)
+    mask = masking.combine_masks(
+        masking.window_mask(length, radius, causal=causal), masking.segment_mask(seg)
+    )
+    offset_bias, dense_bias = _offset_bias(bias_kind) if bias_kind else (None, None)
+    bias = dense_bias(positions) if bias_kind else None
+    expected = attention.dot_product_attention(
+        q, k, v, mask=mask, bias=bias, score=score, implementation="reference"
+    )
+    out = attention.local_attention(
+        q,
+        k,
+        v,
+        radius=radius,
+        causal=causal,
+        segment_ids=seg,
+        positions=positions,
+        offset_bias=offset_bias,
+        score=score,
+    )
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+    np.testing.assert_array_equal(out[0, -2:], 0.0)  # padding sees no key: zeros, as dense
+
+
+@pytest.mark.parametrize("bias_kind", ["alibi", "relative"])
+def test_local_attention_offset_bias_reads_positions_or_indices(bias_kind):
+    length, radius = 11, 3
+    q, k, v = _qkv(num_kv=2, length=length, kv_length=length)
+    offset_bias, dense_bias = _offset_bias(bias_kind)
+    mask = masking.window_mask(length, radius)
+    indices = jnp.broadcast_to(jnp.arange(length), (B, length))
+    strided = indices * jnp.array([[2], [3]])  # positions that are not the indices
+    for positions, dense_positions in [(None, indices), (strided, strided)]:
+        expected = attention.dot_product_attention(
+            q, k, v, mask=mask, bias=dense_bias(dense_positions)
+        )
+        out = attention.local_attention(
+            q, k, v, radius=radius, positions=positions, offset_bias=offset_bias
+        )
+        np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+def test_local_attention_dropout_keeps_1_minus_rate_and_rescales():
+    # q = 0: every visible key gets probability 1 / count; v = one-hot of the key index, so
+    # the output reads each (query, key) probability after dropout.
+    length, radius, rate = 48, 4, 0.25
+    q = jnp.zeros((B, length, N, length))
+    v = jnp.broadcast_to(jnp.eye(length)[None, :, None, :], (B, length, 2, length))
+    kwargs = dict(radius=radius, dropout_rate=rate, dropout_rng=jax.random.key(3))
+    out = np.asarray(attention.local_attention(q, v, v, deterministic=False, **kwargs))
+    visible = np.asarray(masking.window_mask(length, radius))[0, 0]  # [L, S]
+    count = visible.sum(-1)[None, :, None, None]  # [1, L, 1, 1]
+    probs = np.broadcast_to(visible[None, :, None, :] / count, out.shape)
+    kept = out != 0
+    assert not (kept & ~visible[None, :, None, :]).any()
+    np.testing.assert_allclose(out[kept], probs[kept] / (1 - rate), rtol=1e-5)
+    fraction = kept.sum() / np.broadcast_to(visible[None, :, None, :], out.shape).sum()
+    assert abs(fraction - (1 - rate)) < 0.03, fraction
+    again = attention.local_attention(q, v, v, deterministic=False, **kwargs)
+    np.testing.assert_array_equal(out, again)
+    deterministic = attention.local_attention(q, v, v, deterministic=True, **kwargs)
+    np.testing.assert_allclose(deterministic, probs, atol=1e-6)
+
+
+def test_local_attention_rejects_scores_with_parameters_and_bad_ids():
+    q, k, v = _qkv(length=7, kv_length=7)
+    with pytest.raises(ValueError, match="scores"):
+        attention.local_attention(q, k, v, radius=2, score="general")
+    with pytest.raises((ValueError, TypeError)):
+        attention.local_attention(q, k, v, radius=2, segment_ids=jnp.ones((B, 6), jnp.int32))
+
+
+@pytest.mark.parametrize("score", ["general", "additive"])
+def test_window_attention_falls_back_to_the_dense_mask(score):
+    length, radius = 9, 2
+    q, k, v = _qkv(num_kv=2, length=length, kv_length=length)
+    seg, positions = _packed(length)
+    offset_bias, dense_bias = _offset_bias("alibi")
+    keys = jax.random.split(jax.random.key(5), 3)
+    params = {
+        "general": {"w": jax.random.normal(keys[0], (N, H, H))},
+        "additive": {
+            "w_q": jax.random.normal(keys[1], (N, H, 3)),
+            "w_k": jax.random.normal(keys[2], (N, H, 3)),
+            "v": jnp.ones((N, 3)),
+        },
+    }[score]
+    window = attention.local.Window(radius, True, seg, positions, offset_bias)
+    mask = masking.combine_masks(
+        masking.window_mask(length, radius, causal=True), masking.segment_mask(seg)
+    )
+    kwargs = dict(score=score, score_params=params)
+    expected = attention.dot_product_attention(
+        q, k, v, mask=mask, bias=dense_bias(positions), **kwargs
+    )
+    got = attention.local.window_attention(q, k, v, window, **kwargs)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert not attention.local.blocked_path_applies(score, "auto")
+    assert attention.local.blocked_path_applies("dot", "reference")
+
+
+def test_mha_window_equals_mask_and_takes_no_mask_cache_or_kv():
+    x = jax.random.normal(jax.random.key(0), (B, 9, N * H))
+    seg, _ = _packed(9)
+    module = _mha(num_kv_heads=2)
+    variables = module.init(jax.random.key(1), x)
+    window = attention.local.Window(2, segment_ids=seg)
+    mask = masking.combine_masks(masking.window_mask(9, 2), masking.segment_mask(seg))
+    np.testing.assert_allclose(
+        module.apply(variables, x, window=window), module.apply(variables, x, mask=mask), atol=1e-5
+    )
+    for kwargs in [dict(mask=mask), dict(decode=True), dict(inputs_kv=x)]:
+        with pytest.raises(ValueError, match="window"):
+            module.apply(variables, x, window=window, mutable=["cache"], **kwargs)
+    with pytest.raises(ValueError, match="radius"):
+        attention.local.Window(0)
 
 
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1])

@@ -110,9 +110,21 @@ def test_cached_logits_equal_full_recompute_at_every_step(kind, variant):
     np.testing.assert_allclose(cached, full, atol=ATOL)
 
 
-def test_cached_decoder_only_with_window_and_learned_positions():
-    model, params = _model("decoder_only", window_radius=2, positional="learned")
-    cached, full = _cached_and_full_logits(model, params, None, TGT)
+@pytest.mark.parametrize(
+    "kind, positional",
+    [
+        ("decoder_only", "learned"),
+        ("decoder_only", "relative"),
+        ("decoder_only", "alibi"),
+        ("encoder_decoder", "rotary"),
+    ],
+)
+def test_cached_logits_with_a_window_equal_full_recompute(kind, positional):
+    # The full pass takes the blocked local path (radius 2 < 7 targets), the cache the dense
+    # `cached_causal_mask` with the same radius.
+    model, params = _model(kind, window_radius=2, positional=positional)
+    inputs = SRC if kind == "encoder_decoder" else None
+    cached, full = _cached_and_full_logits(model, params, inputs, TGT)
     np.testing.assert_allclose(cached, full, atol=ATOL)
 
 

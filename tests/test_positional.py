@@ -235,6 +235,24 @@ def test_relative_position_bias_shape_and_offsets():
             np.testing.assert_array_equal(bias[0, :, i, j], table[_t5_bucket(offset, True, 8, 16)])
 
 
+def test_relative_offset_bias_is_the_dense_bias_at_any_offsets():
+    module = positional.RelativePositionBias(num_heads=2, num_buckets=8, max_distance=16)
+    q_positions = jnp.array([[0, 1, 2, 0]])
+    kv_positions = jnp.array([[0, 1, 2, 0, 1, 9]])
+    variables = module.init(jax.random.key(2), q_positions, kv_positions)
+    table = variables["params"]["rel_embedding"]
+    dense = module.apply(variables, q_positions, kv_positions)  # [1, 2, 4, 6]
+    offset_bias = module.apply(variables, method=module.offset_bias)
+    offsets = kv_positions[:, None, :] - q_positions[:, :, None]  # [1, 4, 6]
+    np.testing.assert_array_equal(jnp.moveaxis(offset_bias(offsets), -1, 1), dense)
+    # Any offsets, any shape: each is the table row of its T5 bucket.
+    offsets = jnp.array([[-20, -3], [0, 5]])
+    got = offset_bias(offsets)  # [2, 2, N]
+    for index in np.ndindex(2, 2):
+        bucket = _t5_bucket(int(offsets[index]), True, 8, 16)
+        np.testing.assert_array_equal(got[index], table[bucket])
+
+
 # ---------------------------------------------------------------------------------------------
 # RoPE.
 
@@ -321,6 +339,18 @@ def test_alibi_bias_literal():
 def test_alibi_bias_rectangular_packed():
     bias = positional.alibi_bias(jnp.array([[0, 1]]), jnp.array([[0, 1, 0]]), jnp.array([1.0]))
     np.testing.assert_allclose(bias[0, 0], [[0.0, -1.0, 0.0], [-1.0, 0.0, -1.0]])
+
+
+def test_alibi_offset_bias_is_the_dense_bias_at_any_offsets():
+    slopes = jnp.array([0.5, 0.25])
+    positions = jnp.array([[0, 1, 2, 0, 1]])
+    dense = positional.alibi_bias(positions, positions, slopes)  # [1, 2, 5, 5]
+    offsets = positions[:, None, :] - positions[:, :, None]  # key - query, [1, 5, 5]
+    got = positional.alibi_offset_bias(offsets, slopes)  # [1, 5, 5, 2]
+    np.testing.assert_array_equal(jnp.moveaxis(got, -1, 1), dense)
+    np.testing.assert_allclose(
+        positional.alibi_offset_bias(jnp.array([-3, 2]), slopes), [[-1.5, -0.75], [-1.0, -0.5]]
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,8 +27,9 @@ class ModelConfig:
     `num_heads` N, `num_kv_heads` K (0 = N), `head_dim` H (0 = D // N), `mlp_dim` F,
     `max_len` (longest position for learned tables), `vocab_size` V (shared by source and target).
     Options name one of the module-level tuples (`POSITIONALS`, `attention.SCORES`, ...);
-    `window_radius` r > 0 restricts self-attention to |i - j| <= r; `value_rank` r > 0 factorises
-    the value projection; `positional_dim` is the position width when positions are concatenated.
+    `window_radius` r > 0 restricts self-attention to |i - j| <= r (blocked, O(L · r), outside
+    cached decoding; see `attention.local`); `value_rank` r > 0 factorises the value projection;
+    `positional_dim` is the position width when positions are concatenated.
     `dtype` is the compute dtype and `param_dtype` the storage dtype (names as strings).
     `scan_layers` runs each stack as one `nn.scan` (parameters stacked on a leading layer axis,
     compile time independent of depth; `stacking.stack_layers` converts parameter trees);

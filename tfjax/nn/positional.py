@@ -11,16 +11,19 @@ Components and sources:
   positional embeddings, "nearly identical results").
 - `combine_embeddings`: Vaswani et al. 2017, §3.5 (positions are summed with the embeddings);
   concatenation is offered as a variant.
-- `relative_position_bucket`, `RelativePositionBias`: Raffel et al. 2020, "Exploring the Limits
-  of Transfer Learning with a Unified Text-to-Text Transformer" (T5), §2.1: a learned scalar
-  per head and per logarithmically sized bucket of key - query offsets.
+- `relative_position_bucket`, `relative_offset_bias`, `RelativePositionBias`: Raffel et al.
+  2020, "Exploring the Limits of Transfer Learning with a Unified Text-to-Text Transformer"
+  (T5), §2.1: a learned scalar per head and per logarithmically sized bucket of key - query
+  offsets.
 - `apply_rope`: Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding",
   §3.2-3.4, with dimension i paired with i + H/2 (the GPT-NeoX / Llama layout).
-- `alibi_slopes`, `alibi_bias`: Press et al. 2022, "Train Short, Test Long: Attention with
-  Linear Biases Enables Input Length Extrapolation" (ALiBi), §3.
+- `alibi_slopes`, `alibi_offset_bias`, `alibi_bias`: Press et al. 2022, "Train Short, Test
+  Long: Attention with Linear Biases Enables Input Length Extrapolation" (ALiBi), §3.
 """
 
+import functools
 import math
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
@@ -250,8 +253,42 @@ def relative_position_bucket(
     return bucket + jnp.where(distance < max_exact, distance, log_bucket)
 
 
+def relative_offset_bias(
+    relative_position: Int[Array, "*shape"],
+    table: Float[Array, "num_buckets N"],
+    *,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> Float[Array, "*shape N"]:
+    """T5 bias of key - query offsets: the row of `table` for each offset's bucket (§2.1).
+
+    The bias depends on the offset alone, so it can be evaluated on any set of offsets (a dense
+    [B, L, S] grid, or the blocks of `attention.local_attention`).
+
+    Args:
+        relative_position: int array of any shape, key_position - query_position.
+        table: [num_buckets, N] per-bucket, per-head bias.
+        bidirectional, num_buckets, max_distance: as in `relative_position_bucket`.
+
+    Returns:
+        [*shape, N] in the dtype of `table`.
+    """
+    buckets = relative_position_bucket(
+        relative_position,
+        bidirectional=bidirectional,
+        num_buckets=num_buckets,
+        max_distance=max_distance,
+    )  # [*shape]
+    return jnp.take(table, buckets, axis=0)  # [*shape, N]
+
+
 class RelativePositionBias(nn.Module):
     """T5 relative attention bias: one learned scalar per (bucket, head) (Raffel et al. 2020, §2.1).
+
+    `__call__` gives the dense [B, N, L, S] bias of two position arrays; `offset_bias` gives the
+    same bias as a pure function of key - query offsets, for attention that never builds the
+    [L, S] grid (`attention.local_attention`). Both read the one "rel_embedding" parameter.
 
     Attributes:
         num_heads: N.
@@ -271,23 +308,28 @@ class RelativePositionBias(nn.Module):
     param_dtype: DTypeLike = jnp.float32
     embedding_init: nn.initializers.Initializer = nn.initializers.normal(stddev=0.02)
 
-    @nn.compact
+    def setup(self):
+        shape = (self.num_buckets, self.num_heads)  # [num_buckets, N]
+        self.table = self.param("rel_embedding", self.embedding_init, shape, self.param_dtype)
+
+    def offset_bias(self) -> Callable[[Array], Array]:
+        """The bias as a pure function: int key - query offsets [*shape] -> [*shape, N], `dtype`."""
+        return functools.partial(
+            relative_offset_bias,
+            table=jnp.asarray(self.table, self.dtype),
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
+
     def __call__(
         self, q_positions: Int[Array, "B L"], kv_positions: Int[Array, "B S"]
     ) -> Float[Array, "B N L S"]:
         """[B, L] query and [B, S] key positions (int) -> [B, N, L, S] bias in `dtype`."""
         _check_position_pair(q_positions, kv_positions)
         relative = kv_positions[:, None, :] - q_positions[:, :, None]  # [B, L, S]
-        buckets = relative_position_bucket(
-            relative,
-            bidirectional=self.bidirectional,
-            num_buckets=self.num_buckets,
-            max_distance=self.max_distance,
-        )  # [B, L, S]
-        shape = (self.num_buckets, self.num_heads)  # [num_buckets, N]
-        table = self.param("rel_embedding", self.embedding_init, shape, self.param_dtype)
-        bias = jnp.take(table, buckets, axis=0)  # [B, L, S, N]
-        return jnp.transpose(bias, (0, 3, 1, 2)).astype(self.dtype)  # [B, N, L, S]
+        bias = self.offset_bias()(relative)  # [B, L, S, N]
+        return jnp.transpose(bias, (0, 3, 1, 2))  # [B, N, L, S]
 
 
 def _check_position_pair(q_positions: Array, kv_positions: Array) -> None:
@@ -378,6 +420,25 @@ def alibi_slopes(num_heads: int) -> Float[Array, " N"]:
     return jnp.asarray(slopes, dtype=jnp.float32)
 
 
+def alibi_offset_bias(
+    relative_position: Int[Array, "*shape"], slopes: Float[Array, " N"]
+) -> Float[Array, "*shape N"]:
+    """ALiBi bias of key - query offsets, -slope * |offset| (Press et al. 2022, §3).
+
+    `alibi_bias` on a dense grid of offsets; here on any set of them (e.g. the blocks of
+    `attention.local_attention`).
+
+    Args:
+        relative_position: int array of any shape, key_position - query_position.
+        slopes: [N] float per-head slopes, e.g. `alibi_slopes(N)`.
+
+    Returns:
+        [*shape, N] float32.
+    """
+    distance = jnp.abs(relative_position).astype(jnp.float32)[..., None]  # [*shape, 1]
+    return -slopes.astype(jnp.float32) * distance  # [*shape, N]
+
+
 def alibi_bias(
     q_positions: Int[Array, "B L"], kv_positions: Int[Array, "B S"], slopes: Float[Array, " N"]
 ) -> Float[Array, "B N L S"]:
@@ -398,6 +459,5 @@ def alibi_bias(
         ValueError: if the positions are not 2-D with equal batch sizes.
     """
     _check_position_pair(q_positions, kv_positions)
-    distance = jnp.abs(q_positions[:, :, None] - kv_positions[:, None, :])  # [B, L, S]
-    slopes = slopes.astype(jnp.float32)[None, :, None, None]  # [1, N, 1, 1]
-    return -slopes * distance[:, None].astype(jnp.float32)  # [B, N, L, S]
+    relative = kv_positions[:, None, :] - q_positions[:, :, None]  # [B, L, S]
+    return jnp.transpose(alibi_offset_bias(relative, slopes), (0, 3, 1, 2))  # [B, N, L, S]

@@ -11,6 +11,8 @@ submodules, or one `nn.scan` over a "layers" submodule (`ModelConfig.scan_layers
 optionally rematerialised (`ModelConfig.remat`).
 """
 
+import functools
+
 import flax.linen as nn
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
@@ -102,14 +104,19 @@ class EncoderLayer(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x: Float[Array, "B S D"], *, mask, bias, positions, deterministic: bool
+        self, x: Float[Array, "B S D"], *, mask, bias, window, positions, deterministic: bool
     ) -> Float[Array, "B S D"]:
         cfg = self.config
         attn = _attention(cfg, "self_attention", self_attention=True)
         x = _residual(cfg, "self_attention_residual")(
             x,
             lambda h: attn(
-                h, mask=mask, bias=bias, q_positions=positions, deterministic=deterministic
+                h,
+                mask=mask,
+                bias=bias,
+                window=window,
+                q_positions=positions,
+                deterministic=deterministic,
             ),
             deterministic=deterministic,
         )
@@ -124,6 +131,7 @@ class DecoderLayer(nn.Module):
 
     With `decode=True` both attentions use the "cache" collection (see
     `attention.MultiHeadAttention`); `encoded` may then be None to reuse the cached encoder keys.
+    Self-attention takes either `mask` and `bias` or a `window` (`attention.local.Window`).
     """
 
     config: "object"
@@ -140,6 +148,7 @@ class DecoderLayer(nn.Module):
         bias,
         positions,
         deterministic: bool,
+        window=None,
         decode: bool = False,
     ) -> Float[Array, "B L D"]:
         cfg = self.config
@@ -150,6 +159,7 @@ class DecoderLayer(nn.Module):
                 h,
                 mask=mask,
                 bias=bias,
+                window=window,
                 q_positions=positions,
                 deterministic=deterministic,
                 decode=decode,
@@ -174,25 +184,51 @@ class DecoderLayer(nn.Module):
 class _Stack(nn.Module):
     """Shared helpers of the encoder and decoder stacks."""
 
+    def _relative_bias(self, *, bidirectional: bool) -> positional.RelativePositionBias:
+        cfg = self.config
+        return positional.RelativePositionBias(
+            cfg.num_heads,
+            cfg.relative_num_buckets,
+            cfg.relative_max_distance,
+            bidirectional=bidirectional,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.params_dtype,
+            name="relative_bias",
+        )
+
     def _position_bias(
         self, q_positions: Array, kv_positions: Array, *, bidirectional: bool
     ) -> Array | None:
         """Relative or ALiBi logit bias [B, N, L, S], computed once and shared by all layers."""
         cfg = self.config
         if cfg.positional == "relative":
-            return positional.RelativePositionBias(
-                cfg.num_heads,
-                cfg.relative_num_buckets,
-                cfg.relative_max_distance,
-                bidirectional=bidirectional,
-                dtype=cfg.compute_dtype,
-                param_dtype=cfg.params_dtype,
-                name="relative_bias",
-            )(q_positions, kv_positions)
+            return self._relative_bias(bidirectional=bidirectional)(q_positions, kv_positions)
         if cfg.positional == "alibi":
             slopes = positional.alibi_slopes(cfg.num_heads)
             return positional.alibi_bias(q_positions, kv_positions, slopes)
         return None
+
+    def _window(
+        self, segment_ids: Array | None, positions: Array | None, *, causal: bool
+    ) -> attention.local.Window | None:
+        """Restricted self-attention (`window_radius` r > 0) for the blocked O(L · r) path.
+
+        The relative or ALiBi bias goes in as a function of key - query offsets, evaluated per
+        block: the same bias as `_position_bias`, never built as [L, L]. Positions are those
+        the caller gave (None: 0..L-1, which the blocked path needs only for one block).
+        """
+        cfg = self.config
+        if not cfg.window_radius:
+            return None
+        offset_bias = None
+        if cfg.positional == "relative":
+            offset_bias = self._relative_bias(bidirectional=not causal).offset_bias()
+        elif cfg.positional == "alibi":
+            slopes = positional.alibi_slopes(cfg.num_heads)
+            offset_bias = functools.partial(positional.alibi_offset_bias, slopes=slopes)
+        return attention.local.Window(
+            cfg.window_radius, causal, segment_ids, positions, offset_bias=offset_bias
+        )
 
     def _final(self, x: Array) -> Array:
         cfg = self.config
@@ -208,7 +244,11 @@ class _Stack(nn.Module):
 
 
 class Encoder(_Stack):
-    """Embeddings and `num_layers` encoder layers; bidirectional within each segment."""
+    """Embeddings and `num_layers` encoder layers; bidirectional within each segment.
+
+    With `window_radius` r > 0 self-attention is restricted to |i - j| <= r through
+    `attention.local.Window`: blocked, O(L · r), for the dot scores (see `window_attention`).
+    """
 
     config: "object"
     embed: layers.Embed
@@ -223,16 +263,15 @@ class Encoder(_Stack):
         deterministic: bool,
     ) -> Float[Array, "B S D"]:
         cfg = self.config
+        window = self._window(segment_ids, positions, causal=False)
         positions = positional.default_positions(tokens) if positions is None else positions
         x = Embedder(cfg, self.embed, name="embedder")(
             tokens, positions, deterministic=deterministic
         )
-        mask = None if segment_ids is None else masking.segment_mask(segment_ids)
-        if cfg.window_radius:
-            mask = masking.combine_masks(
-                mask, masking.window_mask(tokens.shape[1], cfg.window_radius)
-            )
-        bias = self._position_bias(positions, positions, bidirectional=True)
+        mask = bias = None
+        if window is None:
+            mask = None if segment_ids is None else masking.segment_mask(segment_ids)
+            bias = self._position_bias(positions, positions, bidirectional=True)
         x = stacking.apply_layers(
             lambda name: EncoderLayer(cfg, name=name),
             x,
@@ -241,6 +280,7 @@ class Encoder(_Stack):
             remat=cfg.remat,
             mask=mask,
             bias=bias,
+            window=window,
             positions=positions,
             deterministic=deterministic,
         )
@@ -254,6 +294,7 @@ class Decoder(_Stack):
     and self-attention runs over the key/value cache: slot j holds position j, so a query at
     position p sees slots j <= p (and p - j <= window radius). Cross-attention reuses the cached
     encoder keys when `encoded` is None. Packed segments are not supported while decoding.
+    Outside decoding a window radius r > 0 takes the blocked O(L · r) path, as in `Encoder`.
     """
 
     config: "object"
@@ -275,13 +316,15 @@ class Decoder(_Stack):
         cfg = self.config
         if decode and (positions is None or segment_ids is not None):
             raise ValueError("decode=True needs the new tokens' positions and no segment_ids")
+        window = None if decode else self._window(segment_ids, positions, causal=True)
         positions = positional.default_positions(tokens) if positions is None else positions
         x = Embedder(cfg, self.embed, name="embedder")(
             tokens, positions, deterministic=deterministic
         )
+        mask = bias = None
         if decode:
             mask, bias = self._decode_mask_and_bias(positions, tokens.shape[1])
-        else:
+        elif window is None:
             mask = self._causal_mask(tokens.shape[1], segment_ids)
             bias = self._position_bias(positions, positions, bidirectional=False)
         cross_mask = None
@@ -298,6 +341,7 @@ class Decoder(_Stack):
             mask=mask,
             cross_mask=cross_mask,
             bias=bias,
+            window=window,
             positions=positions,
             deterministic=deterministic,
             decode=decode,
@@ -305,11 +349,9 @@ class Decoder(_Stack):
         return self._final(x)
 
     def _causal_mask(self, length: int, segment_ids: Array | None) -> Array:
-        """[B|1, 1, L, L]: causal, optionally windowed, within segments."""
-        radius = self.config.window_radius
+        """[B|1, 1, L, L]: causal, within segments (without a window; see `_window`)."""
         return masking.combine_masks(
             masking.causal_mask(length),
-            masking.window_mask(length, radius, causal=True) if radius else None,
             None if segment_ids is None else masking.segment_mask(segment_ids),
         )
 

@@ -3,7 +3,9 @@
 Submodules, one job each (each imports only those listed above it):
 - `core`: pure attention math: `attention_logits` (the four scores), `masked_softmax` and
   `dot_product_attention` with its XLA / cuDNN / reference dispatch;
-- `local`: blocked `local_attention`, |i - j| <= r in O(L · r);
+- `local`: blocked `local_attention`, |i - j| <= r in O(L · r), with segment ids, causality,
+  dropout and offset biases (T5 relative, ALiBi); `Window`, the restriction a model hands to
+  `MultiHeadAttention(..., window=...)`, and `window_attention`, blocked or dense fallback;
 - `cache`: the head-major key/value cache of decoding: `cached_attention` over it, the pure
   `append`, and the reads/writes of a module's "cache" collection;
 - `projections`: head sizes, the q/k/v/out projections (fused QKV, separate q, k, v, cross kv,
@@ -38,16 +40,18 @@ from tfjax.nn.attention.core import (
     dot_product_attention,
     masked_softmax,
 )
-from tfjax.nn.attention.local import local_attention
+from tfjax.nn.attention.local import Window, local_attention, window_attention
 from tfjax.nn.attention.module import MultiHeadAttention
 
 __all__ = [
     "IMPLEMENTATIONS",
     "SCORES",
     "MultiHeadAttention",
+    "Window",
     "attention_logits",
     "cached_attention",
     "dot_product_attention",
     "local_attention",
     "masked_softmax",
+    "window_attention",
 ]

@@ -160,10 +160,8 @@ def _jax_attention(
     return out
 
 
-def _dropout(
-    probs: Float[Array, "B N L S"], rate: float, rng: Array | None
-) -> Float[Array, "B N L S"]:
-    """Inverted dropout on the attention probabilities."""
+def probability_dropout(probs: Float[Array, "..."], rate: float, rng: Array | None) -> Array:
+    """Inverted dropout on attention probabilities of any layout: kept with 1 - rate, rescaled."""
     if rng is None:
         raise ValueError("dropout_rng is required when dropout_rate > 0 and not deterministic")
     keep = jax.random.bernoulli(rng, 1.0 - rate, probs.shape)
@@ -214,7 +212,7 @@ def dot_product_attention(
         logits = logits + bias.astype(jnp.float32)
     probs = masked_softmax(logits, mask)  # [B, N, L, S] float32
     if dropout:
-        probs = _dropout(probs, dropout_rate, dropout_rng)
+        probs = probability_dropout(probs, dropout_rate, dropout_rng)
     b, n, length, s = probs.shape
     num_kv = k.shape[2]
     probs = probs.reshape(b, num_kv, n // num_kv, length, s).astype(v.dtype)  # [B, K, G, L, S]

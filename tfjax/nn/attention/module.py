@@ -1,14 +1,15 @@
 """`MultiHeadAttention`: the Flax module that wires projections, RoPE, the cache and attention.
 
 It owns the parameters (created by `projections`) and calls the pure pieces: `core` for the
-attention itself, `cache` for decoding's key/value cache, `positional.apply_rope` for rotary
-positions.
+attention itself, `local` for restricted self-attention (a `local.Window`), `cache` for
+decoding's key/value cache, `positional.apply_rope` for rotary positions.
 
 Sources: multi-head attention, Vaswani et al. 2017, §3.2.2; self- and cross-attention
 (encoder-decoder attention): §3.2.3; grouped-query heads: Ainslie et al. 2023 (GQA), §2;
 rotary position embeddings: Su et al. 2021 (RoFormer), §3.4.
 """
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
 from tfjax.nn import positional
-from tfjax.nn.attention import cache, core, projections
+from tfjax.nn.attention import cache, core, local, projections
 
 
 class MultiHeadAttention(nn.Module):
@@ -90,17 +91,15 @@ class MultiHeadAttention(nn.Module):
         q = positional.apply_rope(q, q_positions, base=self.rope_base)
         return q, positional.apply_rope(k, kv_positions, base=self.rope_base)
 
-    def _attend(self, q, k, v, mask, bias, *, n: int, h: int, deterministic: bool, decode: bool):
+    def _attend(self, q, k, v, restrict, *, n: int, h: int, deterministic: bool, decode: bool):
         """Attention with this module's settings over k, v: [B, S, K, H], or head-major
-        [B, K, S, H] from the cache when decoding; returns [B, L, N, H]."""
+        [B, K, S, H] from the cache when decoding; returns [B, L, N, H]. `restrict` is a
+        `local.Window`, or a (mask, bias) pair."""
         dropout = self.dropout_rate > 0.0 and not deterministic
-        attend = cache.attend_over_cache if decode else core.dot_product_attention
-        return attend(
+        return _attention_fn(restrict, decode)(
             q,
             k,
             v,
-            mask=mask,
-            bias=bias,
             score=self.score,
             score_params=projections.score_weights(self, self.score, n, h, self.param_dtype),
             dropout_rate=self.dropout_rate,
@@ -117,6 +116,7 @@ class MultiHeadAttention(nn.Module):
         *,
         mask: Bool[Array, "#B #N #L #S"] | None = None,
         bias: Float[Array, "#B #N #L #S"] | None = None,
+        window: local.Window | None = None,
         q_positions: Array | None = None,
         kv_positions: Array | None = None,
         deterministic: bool = True,
@@ -130,6 +130,8 @@ class MultiHeadAttention(nn.Module):
           mask: bool, True = may attend, broadcastable to [B, N, L, S]. While decoding with
             self-attention S is the cache length and the mask must hide the unwritten slots.
           bias: additive logit bias broadcastable to [B, N, L, S] (relative positions, ALiBi).
+          window: restricted self-attention (`local.Window`) in place of `mask` and `bias`,
+            outside decoding: O(L · r) for the dot scores (see `local.window_attention`).
           q_positions, kv_positions: int32 [B, L] / [B, S] positions for RoPE (default
             0..L-1, or cache_index.. while decoding; for packed rows pass per-segment positions).
           deterministic: disables attention dropout.
@@ -143,9 +145,11 @@ class MultiHeadAttention(nn.Module):
 
         Raises:
           ValueError: for a cross-attention module called without `inputs_kv` outside decoding,
-            or a decoding step whose shapes do not fit the cache.
+            a `window` with cross-attention, decoding, a mask or a bias, or a decoding step
+            whose shapes do not fit the cache.
         """
         core.check_score(self.score)
+        _check_window(window, inputs_kv, mask, bias, decode)
         width = inputs_q.shape[-1]
         n, kv, h = projections.head_sizes(width, self.num_heads, self.num_kv_heads, self.head_dim)
         if self.cross and inputs_kv is None and not decode:
@@ -164,7 +168,32 @@ class MultiHeadAttention(nn.Module):
             )
         if decode and not self.cross:
             k, v = cache.self_attention_kv(self, k, v)  # [B, K, max_len, H]
-        out = self._attend(
-            q, k, v, mask, bias, n=n, h=h, deterministic=deterministic, decode=decode
-        )
+        restrict = (mask, bias) if window is None else window
+        out = self._attend(q, k, v, restrict, n=n, h=h, deterministic=deterministic, decode=decode)
         return project.output(out, width)  # [B, L, D]
+
+
+def _attention_fn(restrict, decode: bool):
+    """The attention function for a `local.Window` or a (mask, bias) pair, those bound."""
+    if isinstance(restrict, local.Window):
+        return functools.partial(local.window_attention, window=restrict)
+    mask, bias = restrict
+    attend = cache.attend_over_cache if decode else core.dot_product_attention
+    return functools.partial(attend, mask=mask, bias=bias)
+
+
+def _check_window(window, inputs_kv, mask, bias, decode: bool) -> None:
+    """ValueError unless `window` is None or comes alone, with uncached self-attention."""
+    if window is None:
+        return
+    given = [
+        name
+        for name, x in (("inputs_kv", inputs_kv), ("mask", mask), ("bias", bias))
+        if x is not None
+    ]
+    given += ["decode=True"] if decode else []
+    if given:
+        raise ValueError(
+            "window= restricts uncached self-attention and replaces mask= and bias=; it came "
+            f"with {', '.join(given)}"
+        )
