@@ -196,6 +196,36 @@ def test_scanned_equals_unscanned_logits_and_gradients(kind, overrides):
     _assert_trees_close(scanned_grads, stacking.stack_layers(grads))
 
 
+# A window (`window_radius` r > 0) reaches every layer as an `attention.local.Window` holding
+# arrays and, for relative / ALiBi positions, an offset-bias function over the stack's table:
+# closed over by the scan body and by remat, never a scan argument.
+WINDOW_CASES = [
+    pytest.param("decoder_only", "relative", "none", id="decoder_only-relative"),
+    pytest.param("encoder_decoder", "alibi", "full", id="encoder_decoder-alibi-full"),
+    pytest.param("encoder_only", "rotary", "dots_saveable", id="encoder_only-rotary-dots"),
+]
+
+
+@pytest.mark.parametrize("kind, positional, remat", WINDOW_CASES)
+def test_scanned_equals_unscanned_with_a_local_window(kind, positional, remat):
+    model, _, params, stacked = _pair(kind=kind, positional=positional, window_radius=1)
+    scanned = models.create_model(
+        _config(kind=kind, positional=positional, window_radius=1, scan_layers=True, remat=remat)
+    )
+    args, kwargs = _inputs(kind)
+    logits = model.apply({"params": params}, *args, **kwargs, deterministic=True)
+    got = scanned.apply({"params": stacked}, *args, **kwargs, deterministic=True)
+    np.testing.assert_allclose(got, logits, atol=1e-5, rtol=1e-5)
+    # The window matters here: without it the logits differ.
+    wide = models.create_model(_config(kind=kind, positional=positional))
+    dense = wide.apply({"params": params}, *args, **kwargs, deterministic=True)
+    assert not np.allclose(dense, logits, atol=1e-3)
+    loss, grads = jax.value_and_grad(_loss_fn(model, kind))(params)
+    scanned_loss, scanned_grads = jax.value_and_grad(_loss_fn(scanned, kind))(stacked)
+    np.testing.assert_allclose(scanned_loss, loss, rtol=1e-5)
+    _assert_trees_close(scanned_grads, stacking.stack_layers(grads))
+
+
 def _dropout_outputs(model, params, kind, rng):
     """The "intermediates" of every Dropout module: {path: [num_layers, ...] output}."""
     args, kwargs = _inputs(kind)
@@ -361,6 +391,18 @@ def test_scanned_greedy_decoding_equals_unscanned(positional):
     np.testing.assert_array_equal(got, want)
     model, scanned, params, stacked = _pair(kind="decoder_only", positional=positional)
     prompts = dict(prompts=TGT[:, :3], prompt_lengths=jnp.array([3, 2]))
+    want = _jit(functools.partial(generate, model))(params, **prompts)
+    got = _jit(functools.partial(generate, scanned))(stacked, **prompts)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_scanned_greedy_decoding_with_a_window_equals_unscanned():
+    # Cached steps take no Window: the cache mask carries the radius (p - j <= r) instead.
+    model, scanned, params, stacked = _pair(
+        kind="decoder_only", positional="alibi", window_radius=2
+    )
+    generate = functools.partial(decoding.generate, max_length=8, eos_id=-1)
+    prompts = dict(prompts=TGT[:, :4], prompt_lengths=jnp.array([4, 2]))
     want = _jit(functools.partial(generate, model))(params, **prompts)
     got = _jit(functools.partial(generate, scanned))(stacked, **prompts)
     np.testing.assert_array_equal(got, want)
