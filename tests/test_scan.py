@@ -351,7 +351,8 @@ def test_remat_lowers_the_compiled_memory_of_a_scanned_backward_pass():
     sizes = {remat: temp_bytes(remat) for remat in stacking.REMAT_POLICIES}
     # Saving fewer activations needs less memory: nothing < weight matmuls < all matmuls < all.
     order = ["full", "dots_with_no_batch_dims_saveable", "dots_saveable", "none"]
-    assert [sizes[k] for k in order] == sorted(sizes.values()), sizes
+    ordered = [sizes[k] for k in order]
+    assert ordered == sorted(set(ordered)), sizes  # strictly increasing: a tie hides a policy
     assert sizes["full"] < 0.5 * sizes["none"], sizes
 
 
