@@ -14,7 +14,7 @@ import pytest
 from absl import flags
 
 from experiments import cli
-from experiments.bench import mfu, suite, timing, torch_peer, train, workload
+from experiments.bench import depth, mfu, suite, timing, torch_peer, train, workload
 from tfjax import models
 
 # V, D, 1 + 1 layers, B = 2, S = L = 8: the same fields as `workload.SHAPE`.
@@ -208,3 +208,25 @@ def test_time_pairs_warms_each_side_up():
     calls = []
     timing.time_pairs(lambda: calls.append("t"), lambda: calls.append("p"), repeats=2, warmup=3)
     assert calls[:6] == ["t", "t", "t", "p", "p", "p"] and len(calls) == 10
+
+
+@pytest.mark.slow  # four train-step compilations: about a minute of CPU
+def test_depth_bench_reports_compile_time_and_memory_per_configuration():
+    shape = dict(depth.DEPTH_SHAPE, vocab_size=32, embed_dim=8, mlp_dim=16, batch=2, target_len=8)
+    shape["num_heads"] = 2
+    result = depth.bench_depth(1, None, "float32", depths=(1, 2), policies=("full",), shape=shape)
+    rows = result["rows"]
+    assert [(r["num_layers"], r["scan_layers"], r["remat"]) for r in rows] == [
+        (1, False, "full"),
+        (1, True, "full"),
+        (2, False, "full"),
+        (2, True, "full"),
+    ]
+    for row in rows:
+        assert row["compile_seconds"] > 0 and row["compile_cpu_seconds"] > 0
+        assert 0 < row["temp_bytes"] < row["peak_bytes"]
+        assert row["argument_bytes"] < row["peak_bytes"]
+        assert 0 < row["step_seconds_min"] <= row["step_seconds_median"] <= row["step_seconds_max"]
+    assert result["shape"]["batch"] == 2 and len(result["load_average"]) == 3
+    table = depth.markdown_table(result).splitlines()
+    assert len(table) == 2 + len(rows) and table[2].startswith("| 1 | no | full |")

@@ -1,7 +1,9 @@
 """Benchmarks: `python -m experiments.bench [--bench=train,decode] [--repeats=5] [--peer=torch]`.
 
-Prints one JSON line per sub-benchmark (`train`, `decode`, `attention`; see their modules in
-`experiments/bench/`). `--shape=large --dtype=bfloat16` is the accelerator benchmark;
+Prints one JSON line per sub-benchmark (`train`, `decode`, `attention`, `depth`; see their
+modules in `experiments/bench/`). `--bench=depth --repeats=3` compares compile time and memory
+of 6 and 24 layers, scanned or not, per remat policy (minutes on a 2-core CPU).
+`--shape=large --dtype=bfloat16` is the accelerator benchmark;
 `--peer=torch` (needs the `parity` extra: `pip install -e ".[parity]"`) times torch.nn.Transformer
 beside tfjax's train step, in alternating pairs. Where JAX computes on the CPU alone the harness
 first tunes glibc malloc for the whole process, both sides included (`tfjax.training.runtime`;

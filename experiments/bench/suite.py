@@ -1,6 +1,7 @@
 """The sub-benchmarks by name: option checks, and one result dict per sub-benchmark run.
 
-Every result gets the same trailing fields: the shape (with batch, dtype and shape name), the
+Every result gets the same trailing fields: the shape (with batch, dtype and shape name; the
+`depth` bench reports its own narrow model instead, see `depth.DEPTH_SHAPE`), the
 process's peak resident memory, the device allocator's peak (`device_peak_bytes`, GPU and TPU)
 and the environment (`environment.describe`: jax/flax versions, device, allocator).
 """
@@ -10,9 +11,9 @@ import os
 from collections.abc import Iterator
 
 from experiments import cli
-from experiments.bench import attention, decode, environment, torch_peer, train, workload
+from experiments.bench import attention, decode, depth, environment, torch_peer, train, workload
 
-BENCHES = ("train", "decode", "attention")
+BENCHES = ("train", "decode", "attention", "depth")
 PEERS = ("torch",)
 
 
@@ -66,6 +67,7 @@ def run(
       peer, attention_impl, peak_flops, prng_impl: options of `train.bench_train`.
     """
     model_shape = workload.SHAPES[shape_name]
+    requested_batch = batch  # the depth bench has its own default
     batch = model_shape["batch"] if batch is None else batch
     if peer and "train" in benches:
         # JAX takes 75% of a GPU's memory at start-up; leave the peer room (no effect on CPU).
@@ -84,11 +86,14 @@ def run(
         ),
         "decode": functools.partial(decode.bench_decode, **common),
         "attention": functools.partial(attention.bench_attention, warmup=warmup),
+        "depth": lambda repeats, _, dtype: depth.bench_depth(
+            repeats, requested_batch, dtype, warmup=warmup
+        ),
     }
     for name in benches:
         result = runners[name](repeats, batch, dtype)
+        result.setdefault("shape", shape)
         result.update(
-            shape=shape,
             peak_rss_bytes=environment.peak_rss_bytes(),
             device_peak_bytes=environment.device_peak_bytes(),
             **env,

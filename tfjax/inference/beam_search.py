@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from tfjax.inference import decoding
+from tfjax.nn.attention import cache as kv_cache
 
 # Log-prob of impossible beams: finite (never -inf) so that sums and divisions stay finite.
 NEG = -1.0e7
@@ -63,17 +64,32 @@ def reorder_cache(cache: Any, beam_indices: Int[Array, "B W"]) -> Any:
     rows = (jnp.arange(b)[:, None] * w + beam_indices).reshape(b * w)  # [B * W]
 
     def reorder(path, x):
-        name = str(getattr(path[-1], "key", path[-1]))
-        if not x.ndim or name.startswith("cached_cross_"):
+        name = _leaf_name(path)
+        axis = kv_cache.batch_axis(name, x)
+        if axis is None or name.startswith("cached_cross_"):
             return x
-        return jnp.take(x, rows, axis=0)
+        return jnp.take(x, rows, axis=axis)
 
     return jax.tree_util.tree_map_with_path(reorder, cache)
 
 
-def _tile(tree: Any, beam_size: int) -> Any:
-    """Repeats every array's rows beam_size times along axis 0 (row b -> rows b * W + i)."""
-    return jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0) if x.ndim else x, tree)
+def _leaf_name(path) -> str:
+    return str(getattr(path[-1], "key", path[-1]))
+
+
+def _tile(x: Array, beam_size: int) -> Array:
+    """Repeats the rows of x [B, ...] beam_size times (row b -> rows b * W + i)."""
+    return jnp.repeat(x, beam_size, axis=0)
+
+
+def _tile_cache(cache: Any, beam_size: int) -> Any:
+    """`_tile` on the batch axis of every cache array (`kv_cache.batch_axis`)."""
+
+    def tile(path, x):
+        axis = kv_cache.batch_axis(_leaf_name(path), x)
+        return x if axis is None else jnp.repeat(x, beam_size, axis=axis)
+
+    return jax.tree_util.tree_map_with_path(tile, cache)
 
 
 def _merge_finished(state: BeamState, seqs, log_probs, is_eos, alpha: float):
@@ -169,7 +185,7 @@ def _initial_state(logits: Array, cache: Any, beam_size: int, max_length: int) -
         finished_seqs=jnp.zeros((b, w, max_length), jnp.int32),
         finished_scores=jnp.full((b, w), NEG, jnp.float32),
         finished_flags=jnp.zeros((b, w), bool),
-        cache=_tile(cache, w),
+        cache=_tile_cache(cache, w),
         logits=_tile(logits, w),  # [B * W, V]
     )
 

@@ -78,7 +78,9 @@ def init_cache(
 
     Returns:
       pytree of zeros: per decoder layer "cached_key"/"cached_value" [B, K, max_length, H] and
-      "cache_index" [] int32 (plus "cached_cross_key"/"cached_cross_value" [B, K, S, H]).
+      "cache_index" [] int32 (plus "cached_cross_key"/"cached_cross_value" [B, K, S, H]); in a
+      scanned stack (`ModelConfig.scan_layers`) one such set under "layers", each array with a
+      leading [num_layers] axis.
 
     Raises:
       ValueError: for another model kind, a missing source_length or max_length < 1.

@@ -10,7 +10,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from tfjax import errors
-from tfjax.nn import attention, layers, positional
+from tfjax.nn import attention, layers, positional, stacking
 
 KINDS = ("encoder_decoder", "encoder_only", "decoder_only")
 POSITIONALS = ("sinusoidal", "learned", "relative", "rotary", "alibi", "none")
@@ -31,6 +31,10 @@ class ModelConfig:
     cached decoding; see `attention.local`); `value_rank` r > 0 factorises the value projection;
     `positional_dim` is the position width when positions are concatenated.
     `dtype` is the compute dtype and `param_dtype` the storage dtype (names as strings).
+    `scan_layers` runs each stack as one `nn.scan` (parameters stacked on a leading layer axis,
+    compile time independent of depth; `stacking.stack_layers` converts parameter trees);
+    `remat` names the rematerialisation policy of every layer (`stacking.REMAT_POLICIES`).
+    Neither changes the numbers the model computes.
     """
 
     kind: str = "encoder_decoder"
@@ -72,6 +76,8 @@ class ModelConfig:
     bos_id: int = 1
     dtype: str = "float32"
     param_dtype: str = "float32"
+    scan_layers: bool = False
+    remat: str = "none"
 
     def __post_init__(self):
         _check_choices(self)
@@ -115,6 +121,7 @@ _CHOICES = {
     "encoder_head": ENCODER_HEADS,
     "dtype": DTYPES,
     "param_dtype": DTYPES,
+    "remat": stacking.REMAT_POLICIES,
 }
 
 

@@ -7,11 +7,21 @@ Nothing here knows about configs, data or training; everything is usable on its 
 Submodules: `masking` (boolean masks), `positional` (sinusoidal, learned, relative, rotary,
 ALiBi), `attention` (score functions, masked softmax, `MultiHeadAttention`, local and cached
 attention), `linear` (the dense layers' matmul), `layers` (norms, feed-forward, embeddings,
-residual sub-layers), `transformer` (encoder and decoder layers and stacks) and `losses`
+residual sub-layers), `transformer` (encoder and decoder layers and stacks), `stacking` (a
+stack's layers as a loop or one scan, rematerialisation, the two parameter layouts) and `losses`
 (label-smoothed cross-entropy and metric sums).
 """
 
 from tfjax import _lazy
 
-__all__ = ["attention", "layers", "linear", "losses", "masking", "positional", "transformer"]
+__all__ = [
+    "attention",
+    "layers",
+    "linear",
+    "losses",
+    "masking",
+    "positional",
+    "stacking",
+    "transformer",
+]
 __getattr__, __dir__ = _lazy.submodules(__name__, __all__)

@@ -6,6 +6,9 @@ dropout on their sum); relative position bias shared across layers: Raffel et al
 ALiBi: Press et al. 2022, §3; restricted self-attention: Vaswani §4, Table 1.
 
 Kept apart from `models.py` so that file holds the configuration and the public models only.
+The stacks run their layers through `stacking.apply_layers`: a Python loop over "layer_{i}"
+submodules, or one `nn.scan` over a "layers" submodule (`ModelConfig.scan_layers`), each
+optionally rematerialised (`ModelConfig.remat`).
 """
 
 import functools
@@ -14,7 +17,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from tfjax.nn import attention, layers, masking, positional
+from tfjax.nn import attention, layers, masking, positional, stacking
 
 
 class Embedder(nn.Module):
@@ -269,15 +272,18 @@ class Encoder(_Stack):
         if window is None:
             mask = None if segment_ids is None else masking.segment_mask(segment_ids)
             bias = self._position_bias(positions, positions, bidirectional=True)
-        for i in range(cfg.num_layers):
-            x = EncoderLayer(cfg, name=f"layer_{i}")(
-                x,
-                mask=mask,
-                bias=bias,
-                window=window,
-                positions=positions,
-                deterministic=deterministic,
-            )
+        x = stacking.apply_layers(
+            lambda name: EncoderLayer(cfg, name=name),
+            x,
+            cfg.num_layers,
+            scan=cfg.scan_layers,
+            remat=cfg.remat,
+            mask=mask,
+            bias=bias,
+            window=window,
+            positions=positions,
+            deterministic=deterministic,
+        )
         return self._final(x)
 
 
@@ -325,18 +331,21 @@ class Decoder(_Stack):
         if self.cross_attention:
             cross_mask = _cross_mask(tokens, encoded, segment_ids, encoded_segment_ids)
         num_layers = cfg.num_decoder_layers if self.cross_attention else cfg.num_layers
-        for i in range(num_layers):
-            x = DecoderLayer(cfg, self.cross_attention, name=f"layer_{i}")(
-                x,
-                encoded=encoded,
-                mask=mask,
-                cross_mask=cross_mask,
-                bias=bias,
-                window=window,
-                positions=positions,
-                deterministic=deterministic,
-                decode=decode,
-            )
+        x = stacking.apply_layers(
+            lambda name: DecoderLayer(cfg, self.cross_attention, name=name),
+            x,
+            num_layers,
+            scan=cfg.scan_layers,
+            remat=cfg.remat,
+            encoded=encoded,
+            mask=mask,
+            cross_mask=cross_mask,
+            bias=bias,
+            window=window,
+            positions=positions,
+            deterministic=deterministic,
+            decode=decode,
+        )
         return self._final(x)
 
     def _causal_mask(self, length: int, segment_ids: Array | None) -> Array:
@@ -358,8 +367,10 @@ class Decoder(_Stack):
 
     def _cache_length(self, length: int) -> int:
         """S, the slots of the self-attention cache; `length` while the cache is being created."""
-        layer = self.variables.get("cache", {}).get("layer_0", {}).get("self_attention", {})
-        return layer["cached_key"].shape[2] if "cached_key" in layer else length  # [B, K, S, H]
+        first = stacking.layer_name(0, scan=self.config.scan_layers)
+        layer = self.variables.get("cache", {}).get(first, {}).get("self_attention", {})
+        # [B, K, S, H], or [num_layers, B, K, S, H] in a scanned stack.
+        return layer["cached_key"].shape[-2] if "cached_key" in layer else length
 
 
 def _cross_mask(

@@ -5,6 +5,8 @@ examples, the parallel strategy, the compiled train and eval steps and the abstr
 `restore(config, workdir)` adds the parameters of a checkpoint. `config_dict` and
 `load_config_json` write and read the `config.json` a run keeps in its workdir. The training
 loop (`tfjax.runs.trainer`) and the decoding tools (`tfjax.runs.workdir`) both start here.
+Checkpoints written with the other `model.scan_layers` layout are converted as they are read
+(`layout_conversion`).
 """
 
 import copy
@@ -22,6 +24,7 @@ import ml_collections
 from tfjax import errors, models
 from tfjax.data import datasets, tokenizers
 from tfjax.inference import decoding
+from tfjax.nn import stacking
 from tfjax.parallel import distributed, strategies
 from tfjax.training import checkpointing, optim, steps
 
@@ -45,6 +48,30 @@ class Run:
 def config_dict(config: ml_collections.ConfigDict) -> dict:
     """JSON-safe nested dict of a config (tuples become lists)."""
     return json.loads(config.to_json_best_effort())
+
+
+# Model settings a checkpoint may differ in from the run that restores it: they change how the
+# same numbers are computed (remat) or laid out (scan_layers, converted by `layout_conversion`).
+LAYOUT_KEYS = ("model.scan_layers", "model.remat")
+
+
+def layout_conversion(model_config: models.ModelConfig) -> checkpointing.ConvertFn:
+    """For `Checkpointer.restore`: converts a step saved with the other `scan_layers` layout.
+
+    The state's parameters and optimizer moments are stacked or unstacked along the layer axis
+    (`stacking.stack_layers`); checkpoints from before `scan_layers` existed are unscanned.
+    """
+
+    def convert(saved_config: dict) -> checkpointing.Conversion | None:
+        saved_scan = bool(saved_config["model"].get("scan_layers", False))  # absent: older run
+        if saved_scan == model_config.scan_layers:
+            return None
+        return checkpointing.Conversion(
+            to_saved=functools.partial(stacking.convert_layout, scan=saved_scan),
+            from_saved=functools.partial(stacking.convert_layout, scan=model_config.scan_layers),
+        )
+
+    return convert
 
 
 def load_config_json(path: str | os.PathLike) -> ml_collections.ConfigDict:
@@ -237,11 +264,14 @@ def restore(
     config = copy.deepcopy(config)
     config.parallel.mode, config.parallel.fsdp = "pmap", 1  # the run's strategy goes unused
     run = build(config, workdir)
+    convert = layout_conversion(run.model_config)
     with checkpointing.Checkpointer(workdir / "checkpoints") as checkpointer:
         if average_last > 1 and checkpointer.all_steps():
-            restored = checkpointer.restore_average(run.abstract_state, last=average_last)
+            restored = checkpointer.restore_average(
+                run.abstract_state, last=average_last, convert=convert
+            )
         else:
-            restored = checkpointer.restore(run.abstract_state, step=step)
+            restored = checkpointer.restore(run.abstract_state, step=step, convert=convert)
     if restored is None:
         raise FileNotFoundError(
             f"no checkpoint in {workdir / 'checkpoints'}: train first with "

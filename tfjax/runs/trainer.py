@@ -55,8 +55,13 @@ def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path
     current = build.config_dict(run.config)
     for saved in checkpointer.saved_configs()[:1]:
         for section in ("model", "data"):
-            checkpointing.check_compatible(saved, current, section=section)
-    restored = checkpointer.restore(run.strategy.restore_target(run.abstract_state))
+            checkpointing.check_compatible(
+                saved, current, section=section, ignore=build.LAYOUT_KEYS
+            )
+    restored = checkpointer.restore(
+        run.strategy.restore_target(run.abstract_state),
+        convert=build.layout_conversion(run.model_config),
+    )
     if restored is None:
         sample = jax.tree.map(lambda x: jnp.asarray(x[None]), run.examples.train[0])
         state = jax.jit(

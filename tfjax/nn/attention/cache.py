@@ -7,6 +7,9 @@ values are written one step at a time. Cross-attention holds "cached_cross_key",
 (Vaswani et al. 2017, §3.2.3). The cache is head-major ([B, K, S, H], not [B, S, K, H]) so that
 `cached_attention` reads it in place at every step.
 
+Under a scanned stack every cache array has a leading layer axis ([num_layers, B, K, S, H],
+"cache_index" [num_layers]); `batch_axis` says where the rows are in either layout.
+
 The array work is pure (`append`, `cached_attention`, `attend_over_cache`); the three functions
 that take the attention module itself (`self_attention_kv`, `cross_attention_kv`,
 `decode_positions`) only move arrays in and out of its "cache" collection and must be called
@@ -30,6 +33,16 @@ def head_major(x: Float[Array, "B S K H"]) -> Float[Array, "B K S H"]:
 def seq_major(x: Float[Array, "B K S H"]) -> Float[Array, "B S K H"]:
     """The cache layout [B, K, S, H] -> [B, S, K, H]."""
     return jnp.swapaxes(x, 1, 2)
+
+
+def batch_axis(name: str, x: Array) -> int | None:
+    """The batch axis of the cache array called `name`, or None for "cache_index".
+
+    Keys and values are [B, K, S, H] per layer; a scanned stack (`ModelConfig.scan_layers`)
+    holds all layers' in one [num_layers, B, K, S, H] array, so the batch axis is ndim - 4.
+    Code that tiles or reorders a cache's rows (beam search) finds them here.
+    """
+    return None if name == "cache_index" else x.ndim - 4
 
 
 def _seq_major_shape(shape: tuple[int, ...]) -> tuple[int, ...]:

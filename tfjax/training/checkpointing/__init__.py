@@ -14,12 +14,25 @@ anything; a damaged step is moved aside (to `<step>.corrupt`) only when `save` n
 
 Submodules: `manager` (`Checkpointer`), `layout` (the items of a step and their encoding),
 `checksums` (per-array checksums), `restoring` (verified reads, fallback, averaging) and
-`compat` (`check_compatible`: saved vs current config). Warnings go to the logger of this
-package's name (and its children).
+`compat` (`check_compatible`: saved vs current config). A `Conversion` passed to `restore`
+reads a step written with another state layout (scanned vs unscanned layers) into the current
+one. Warnings go to the logger of this package's name (and its children).
 """
 
 from tfjax.training.checkpointing.compat import check_compatible
 from tfjax.training.checkpointing.manager import Checkpointer
-from tfjax.training.checkpointing.restoring import CheckpointRestoreError, Restored
+from tfjax.training.checkpointing.restoring import (
+    CheckpointRestoreError,
+    Conversion,
+    ConvertFn,
+    Restored,
+)
 
-__all__ = ["CheckpointRestoreError", "Checkpointer", "Restored", "check_compatible"]
+__all__ = [
+    "CheckpointRestoreError",
+    "Checkpointer",
+    "Conversion",
+    "ConvertFn",
+    "Restored",
+    "check_compatible",
+]

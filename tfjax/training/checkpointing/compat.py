@@ -5,6 +5,7 @@ configs first names the settings that differ and how to get the old ones back.
 """
 
 import json
+from collections.abc import Collection
 from typing import Any
 
 from tfjax import errors
@@ -12,7 +13,9 @@ from tfjax import errors
 _ABSENT = object()  # a config key missing on one side of `check_compatible`
 
 
-def check_compatible(saved_config: dict, config: dict, *, section: str = "model") -> None:
+def check_compatible(
+    saved_config: dict, config: dict, *, section: str = "model", ignore: Collection[str] = ()
+) -> None:
     """Checks that `config[section]` equals the one a checkpoint was written with.
 
     Call it before anything in the workdir is overwritten.
@@ -21,6 +24,9 @@ def check_compatible(saved_config: dict, config: dict, *, section: str = "model"
         saved_config: the config stored with the checkpoint (`Restored.config`).
         config: the config of the current run, as a JSON dict.
         section: the top-level group to compare, e.g. "model" or "data".
+        ignore: dotted keys (e.g. "model.scan_layers") that may differ, or be absent on one
+            side: settings that change how the same numbers are computed or laid out, which
+            restoring converts (see `Checkpointer.restore`'s `convert`).
 
     Raises:
         CheckpointError: (a ValueError) on one line, listing each differing key with its saved
@@ -30,7 +36,7 @@ def check_compatible(saved_config: dict, config: dict, *, section: str = "model"
     now = _flatten(config.get(section, {}), section)
     diffs = [
         (key, saved.get(key, _ABSENT), now.get(key, _ABSENT))
-        for key in sorted(saved.keys() | now.keys())
+        for key in sorted((saved.keys() | now.keys()) - set(ignore))
         if saved.get(key, _ABSENT) != now.get(key, _ABSENT)
     ]
     if not diffs:

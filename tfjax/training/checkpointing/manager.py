@@ -108,7 +108,13 @@ class Checkpointer:
         restoring.make_room(self._manager, self.directory, step, damaged=self._damaged)
         return bool(self._manager.save(step, args=args, force=force))
 
-    def restore(self, abstract_state: Any, *, step: int | None = None) -> restoring.Restored | None:
+    def restore(
+        self,
+        abstract_state: Any,
+        *,
+        step: int | None = None,
+        convert: restoring.ConvertFn | None = None,
+    ) -> restoring.Restored | None:
         """Restores checkpoint `step`, or the newest readable one when `step` is None.
 
         With `step=None`, a damaged step is reported with `logging.warning` (step and reason) and
@@ -119,6 +125,9 @@ class Checkpointer:
                 shapes and dtypes of the saved state; leaves with a `.sharding` are placed by it,
                 the others on the first local device.
             step: a specific step to restore (no fallback), or None for the newest good one.
+            convert: given the config a step was saved with, the `restoring.Conversion` from its
+                state layout to `abstract_state`'s, or None when they match (e.g. a checkpoint
+                of an unscanned model restored into a scanned one, `tfjax.runs.build`).
 
         Returns:
             The restored checkpoint, or None if the directory holds no checkpoint.
@@ -141,14 +150,17 @@ class Checkpointer:
             [step] if step is not None else reversed(steps),
             damaged=self._damaged,
             fallback=step is None,
+            convert=convert,
         )
 
-    def restore_average(self, abstract_state: Any, *, last: int) -> restoring.Restored:
+    def restore_average(
+        self, abstract_state: Any, *, last: int, convert: restoring.ConvertFn | None = None
+    ) -> restoring.Restored:
         """The newest of the last `last` saved steps, its parameters averaged over all of them.
 
         Checkpoint averaging (Vaswani et al. 2017, §6.1: the last 5 checkpoints for the base
         models) smooths the noise of the final updates. Optimizer state, rng and data state are
-        those of the newest step.
+        those of the newest step. `convert`: see `restore` (per step).
 
         Raises:
             ValueError: if fewer than `last` steps are saved (raise `train.keep_checkpoints`).
@@ -161,7 +173,7 @@ class Checkpointer:
                 f"{steps}; train with train.keep_checkpoints >= {last}"
             )
         return restoring.average_params(
-            lambda step: self.restore(abstract_state, step=step), steps[-last:]
+            lambda step: self.restore(abstract_state, step=step, convert=convert), steps[-last:]
         )
 
     def _reload(self) -> list[int]:

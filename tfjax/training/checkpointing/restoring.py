@@ -43,6 +43,27 @@ class Restored:
     config: dict
 
 
+@dataclasses.dataclass(frozen=True)
+class Conversion:
+    """How the state of a checkpoint is laid out differently from the current run's.
+
+    E.g. the parameters of a scanned model, stacked on a layer axis, against an unscanned one
+    (`tfjax.nn.stacking`). Both functions are pure maps over whole train-state trees.
+
+    Attributes:
+        to_saved: current layout -> the checkpoint's; applied under `jax.eval_shape` to the
+            abstract state to get the restore target.
+        from_saved: the checkpoint's layout -> the current one; applied to the restored state.
+    """
+
+    to_saved: Callable[[Any], Any]
+    from_saved: Callable[[Any], Any]
+
+
+# Given the config a step was saved with: the `Conversion` it needs, or None when it has none.
+ConvertFn = Callable[[dict], Conversion | None]
+
+
 class CheckpointRestoreError(errors.CheckpointError, RuntimeError):
     """Checkpoints exist but none of the ones tried could be restored.
 
@@ -52,13 +73,26 @@ class CheckpointRestoreError(errors.CheckpointError, RuntimeError):
 
 
 def restore_step(
-    manager: ocp.CheckpointManager, directory: epath.Path, step: int, abstract_state: Any
+    manager: ocp.CheckpointManager,
+    directory: epath.Path,
+    step: int,
+    abstract_state: Any,
+    convert: ConvertFn | None = None,
 ) -> Restored:
-    """Restores and verifies one step; raises if anything about it is wrong."""
+    """Restores and verifies one step; raises if anything about it is wrong.
+
+    With `convert`, the step's config is read first; if `convert(config)` gives a
+    `Conversion`, the state is restored in the saved layout, verified, then converted.
+    """
     if not (directory / str(step) / layout.COMMIT_MARKER).exists():
         raise FileNotFoundError(
             f"{directory / str(step)} has no {layout.COMMIT_MARKER}: its save never finished"
         )
+    conversion = None
+    if convert is not None:
+        conversion = convert(manager.restore(step, args=layout.config_args()).config)
+    if conversion is not None:
+        abstract_state = jax.eval_shape(conversion.to_saved, abstract_state)
     items = manager.restore(step, args=layout.restore_args(abstract_state))
     checksums.verify(items.state, items.checksums)
     for name in ("data_state", "config"):
@@ -66,7 +100,7 @@ def restore_step(
             raise TypeError(f"item {name!r} is a {type(items[name]).__name__}, not a dict")
     return Restored(
         step=step,
-        state=items.state,
+        state=items.state if conversion is None else conversion.from_saved(items.state),
         rng=layout.key_from_json(items.rng),
         data_state=items.data_state,
         config=items.config,
@@ -81,6 +115,7 @@ def restore_first_good(
     *,
     damaged: set[int],
     fallback: bool,
+    convert: ConvertFn | None = None,
 ) -> Restored | None:
     """Restores the first of `candidates` that is not damaged.
 
@@ -91,6 +126,7 @@ def restore_first_good(
         candidates: steps to try in order (newest first for a fallback).
         damaged: each step that fails is added to it.
         fallback: whether failures are expected: each is then logged as a warning.
+        convert: see `restore_step`.
 
     Returns:
         The first step that restores, or None if `candidates` is empty.
@@ -101,7 +137,7 @@ def restore_first_good(
     failures = []
     for candidate in candidates:
         try:
-            return restore_step(manager, directory, candidate, abstract_state)
+            return restore_step(manager, directory, candidate, abstract_state, convert)
         except Exception as e:  # orbax and tensorstore raise many types; any means unusable
             failures.append(f"step {candidate}: {_first_line(e)}")
             damaged.add(candidate)
