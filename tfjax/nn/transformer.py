@@ -46,7 +46,14 @@ class Embedder(nn.Module):
             pos = None
         if pos is not None:
             x = positional.combine_embeddings(x, pos.astype(x.dtype), cfg.positional_combine)
-        return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)  # [B, L, D]
+        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)  # [B, L, D]
+        return constrain_embed(x)
+
+
+def constrain_embed(x: Float[Array, "B L D"]) -> Float[Array, "B L D"]:
+    """The residual stream pinned to the layout of ("batch", "length", "embed"); a no-op
+    outside a `parallel.rules` context (`tfjax.parallel.layout`)."""
+    return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
 
 def _attention(cfg, name: str, *, self_attention: bool) -> attention.MultiHeadAttention:
@@ -234,6 +241,7 @@ class Encoder(_Stack):
             x = EncoderLayer(cfg, name=f"layer_{i}")(
                 x, mask=mask, bias=bias, positions=positions, deterministic=deterministic
             )
+            x = constrain_embed(x)
         return self._final(x)
 
 
@@ -289,6 +297,7 @@ class Decoder(_Stack):
                 deterministic=deterministic,
                 decode=decode,
             )
+            x = constrain_embed(x)
         return self._final(x)
 
     def _causal_mask(self, length: int, segment_ids: Array | None) -> Array:
