@@ -126,6 +126,32 @@ def test_tensor_and_fsdp_step_really_splits_heads_mlp_and_adam_moments():
     assert sum("tensor" in spec for spec in _specs(placed.params)) == 4  # qkv, out, wi, wo
 
 
+def test_the_step_pins_activations_by_the_rules():
+    """Lowered (not compiled) on (2, 2, 2): the model's logical constraints reach the program
+    as sharding constraints, the heads [B, L, N, H] and the MLP hidden [B, L, F] over
+    "tensor", the residual stream [B, L, D] over ("data", "fsdp")."""
+    model = models.create_model(MODELS["decoder_only"])
+    optimizer, schedule = optim.make_optimizer(optim.OptimConfig(), 32)
+    batch = _batches("decoder_only")[0]
+    state = jax.eval_shape(
+        lambda: steps.create_train_state(model, optimizer, jax.random.key(0), batch, "decoder_only")
+    )
+    step = steps.make_train_step(
+        model, optimizer, schedule, kind="decoder_only", label_smoothing=0.1
+    )
+    strategy = _strategy(2, 2, 2)
+    shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
+    lowered = strategy.compile_train_step(step, state).lower(
+        *strategy.abstract_inputs(state, shapes)
+    )
+    constraints = [line for line in lowered.as_text().splitlines() if "sharding_constraint" in line]
+    heads = '[{"data", "fsdp"}, {}, {"tensor"}, {}]> : tensor<16x8x8x4xf32>'
+    mlp = '[{"data", "fsdp"}, {}, {"tensor"}]> : tensor<16x8x64xf32>'
+    stream = '[{"data", "fsdp"}, {}, {}]> : tensor<16x8x32xf32>'
+    for layout in (heads, mlp, stream):
+        assert any(layout in line for line in constraints), (layout, constraints)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: "x".join(map(str, x)))
 @pytest.mark.parametrize("kind", sorted(MODELS))
