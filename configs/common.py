@@ -11,6 +11,7 @@ import ml_collections
 
 from tfjax import errors, models
 from tfjax.data import datasets
+from tfjax.parallel import layout
 from tfjax.training import optim
 
 # The paper's big model (Vaswani et al. 2017, Table 3), for every experiment file.
@@ -63,6 +64,8 @@ def base_config(
     config.parallel = {
         "mode": "pmap",
         "fsdp": 1,
+        "tensor": 1,  # mode "sharded": devices that split heads and the MLP (Megatron-style)
+        "rules": layout.DEFAULT_RULES,  # logical axis name -> mesh axes (tfjax.parallel.layout)
         # Join a multi-process job (tfjax.parallel.distributed); the TFJAX_* variables of
         # experiments.launch_local also turn this on. The timeouts are JAX's defaults.
         "distributed": False,

@@ -70,7 +70,8 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
         spec: `path/to/file.py[:arg]`; calls `get_config(arg)`, or `get_config()` without arg.
         overrides: `"a.b=value"` strings (`--config.a.b=value` without the `--config.` prefix).
             Values are parsed to the field's type: int (also "1e5"), float, bool (true/false/
-            1/0), str, tuple/list ("1,2", "(1, 2)", "[1,2]"; "()" is empty); a field that is
+            1/0), str, tuple/list ("1,2", "(1, 2)", "[1,2]"; "()" is empty; nested ones as a
+            Python literal, "(('heads', 'tensor'),)"); a field that is
             None takes any Python literal (`ast.literal_eval`), else the raw string.
 
     Returns:
@@ -170,6 +171,15 @@ def parse_value(key: str, raw: str, field_type: type, current: Any = None) -> An
 
 def _parse_sequence(key: str, raw: str, current: Any) -> list:
     text = raw.strip()
+    if any(bracket in text[1:-1] for bracket in "()[]"):  # nested: a Python literal
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError) as err:
+            raise errors.ConfigError(
+                f"cannot parse {raw!r} for config key {key!r}: nested values are Python "
+                "literals, e.g. (('heads', 'tensor'), ('batch', ('data', 'fsdp')))"
+            ) from err
+        return list(value) if isinstance(value, list | tuple) else [value]
     if text[:1] + text[-1:] in ("()", "[]"):
         text = text[1:-1]
     pieces = [piece.strip() for piece in text.split(",")]

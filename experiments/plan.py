@@ -9,10 +9,11 @@ memory estimate against the chip's HBM, the collectives in the compiled program,
 compiled FLOPs per step, and a roofline step time from the chip's datasheet
 (`tfjax.runs.plan`). Nothing runs and nothing is allocated.
 
-`--mesh=data:D,fsdp:F` sets `parallel.mode=sharded` and `parallel.fsdp=F` (each axis of
-`tfjax.parallel.strategies.MESH_AXES` but data sets the `parallel` field of its name); `data`
-may be left out (it takes the devices left). Without it the config's own `parallel` group
-applies; any field can be overridden with `--config.a.b=value`.
+`--mesh=data:D,fsdp:F,tensor:T` sets `parallel.mode=sharded`, `parallel.fsdp=F` and
+`parallel.tensor=T` (each axis of `tfjax.parallel.strategies.MESH_AXES` but data sets the
+`parallel` field of its name; every parameter is then laid out by `parallel.rules`); `data`
+may be left out (it takes the devices left), and so may any other axis (size 1). Without it
+the config's own `parallel` group applies; any field can be overridden with `--config.a.b=value`.
 `--chip=v5e` gives a CPU topology a datasheet. `--json` prints the plan as one JSON object.
 Errors the user can fix print one line and exit with status 2 (`experiments/cli.py`).
 """
@@ -37,7 +38,7 @@ def _define_flags() -> None:
     flags.DEFINE_string(
         "topology", None, "What to compile for: a TPU slice GEN:SHAPE (v5e:4x4) or cpu:N."
     )
-    flags.DEFINE_string("mesh", None, "Mesh axes and sizes, e.g. data:4,fsdp:4.")
+    flags.DEFINE_string("mesh", None, "Mesh axes and sizes, e.g. data:2,fsdp:4,tensor:2.")
     flags.DEFINE_string("chip", None, "Datasheet to compare with: v4, v5e, v5p, v6e, h100, a100.")
     flags.DEFINE_bool("json", False, "Print the plan as one JSON object.")
     flags.mark_flags_as_required(["topology"])

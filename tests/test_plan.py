@@ -23,7 +23,7 @@ from experiments import config_utils
 from experiments.bench import mfu, workload
 from tfjax import errors, models
 from tfjax.data import datasets
-from tfjax.models import flops
+from tfjax.models import flops, partitioning
 from tfjax.parallel import costs, strategies, topology
 from tfjax.runs import build, plan
 from tfjax.training import steps
@@ -84,7 +84,7 @@ def test_an_unknown_chip_names_the_chips():
         ("fsdp:3", ["does not divide the topology's 8 devices"]),
         ("data:2,fsdp:2", ["lays out 4 devices, the topology has 8"]),
         ("data:8,fsdp:2", ["lays out 16 devices"]),
-        ("tensor:2", ["unknown axis 'tensor'", "data, fsdp"]),
+        ("model:2", ["unknown axis 'model'", "data, fsdp, tensor"]),
         ("data=8", ["not AXIS:SIZE"]),
         ("fsdp:0", ["sizes >= 1"]),
     ],
@@ -101,6 +101,9 @@ def test_a_mesh_sets_the_parallel_group():
     assert (config.parallel.mode, config.parallel.fsdp) == ("sharded", 4)
     assert _config(TINY, "data:8").parallel.fsdp == 1
     assert _config(TINY, "data:2,fsdp:4").parallel.fsdp == 4
+    config = _config(TINY, "fsdp:2,tensor:2")
+    assert (config.parallel.fsdp, config.parallel.tensor) == (2, 2)
+    assert _config(TINY, "fsdp:4").parallel.tensor == 1
     assert _config(TINY).parallel.mode == "pmap"  # the loaded config itself is untouched
 
 
@@ -211,9 +214,9 @@ def cpu_plans():
     return plans
 
 
-def _placed_bytes(tree, fsdp):
+def _placed_bytes(tree, fsdp, tensor=1):
     """Bytes device 0 holds when the real `tree` is placed as training places it."""
-    strategy = strategies.Sharded(fsdp)
+    strategy = strategies.Sharded(fsdp, tensor=tensor, logical_axes=partitioning.state_axes)
     placed = jax.device_put(tree, strategy.shardings(jax.eval_shape(lambda: tree)))
     return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(placed))
 
@@ -226,7 +229,7 @@ def test_state_bytes_are_those_of_the_real_sharded_state(cpu_plans, fsdp):
     optimizer, _ = build.make_optimizer(config, build.make_model_config(config, 0))
     assert cpu_plans[fsdp].params_bytes == _placed_bytes(params, fsdp)
     assert cpu_plans[fsdp].opt_state_bytes == _placed_bytes(optimizer.init(params), fsdp)
-    assert cpu_plans[fsdp].mesh == {"data": 8 // fsdp, "fsdp": fsdp}
+    assert cpu_plans[fsdp].mesh == {"data": 8 // fsdp, "fsdp": fsdp, "tensor": 1}
 
 
 @pytest.mark.slow
@@ -253,6 +256,32 @@ def test_collectives_are_those_of_data_parallelism_and_fsdp(cpu_plans):
         found = cpu_plans[fsdp].collectives
         assert "all-gather" in found  # sharded parameters gathered for the forward pass
         assert "all-reduce" in found or "reduce-scatter" in found  # and gradients reduced
+
+
+@pytest.mark.slow
+def test_tensor_parallelism_splits_the_layers_and_reduces_activations(cpu_plans):
+    """--mesh=tensor:2 on cpu:8: the mesh is (data 4, fsdp 1, tensor 2); device 0 holds half of
+    every head and MLP matrix (the real parameters placed by training's strategy say how
+    much), the token table whole; the program sums the partial outputs of the split layers."""
+    config = _config(TINY, "tensor:2")
+    assert (config.parallel.tensor, config.parallel.fsdp) == (2, 1)
+    result = plan.plan(config, topology.get_topology("cpu:8"))
+    assert result.mesh == {"data": 4, "fsdp": 1, "tensor": 2}
+    params = _real_params(config)
+    assert result.params_bytes == _placed_bytes(params, 1, tensor=2)
+    split = ("heads", "qkv_heads", "mlp")  # the default rules' tensor-split names
+    axes = jax.tree.leaves(partitioning.logical_axes(params), is_leaf=lambda x: type(x) is tuple)
+    halved = sum(
+        x.nbytes
+        for x, names in zip(jax.tree.leaves(params), axes, strict=True)
+        if set(names) & set(split)
+    )
+    assert halved > 0
+    assert result.params_bytes == cpu_plans[1].params_bytes - halved // 2
+    assert "all-reduce" in result.collectives
+    assert (
+        result.collectives["all-reduce"]["count"] > cpu_plans[1].collectives["all-reduce"]["count"]
+    )
 
 
 @pytest.mark.slow
@@ -319,7 +348,7 @@ def test_the_command_plans_a_cpu_topology():
     done = _run(["--config=configs/lm.py:tiny", *overrides, *args])
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert result["devices"] == 8 and result["mesh"] == {"data": 4, "fsdp": 2}
+    assert result["devices"] == 8 and result["mesh"] == {"data": 4, "fsdp": 2, "tensor": 1}
     assert result["fits"] is True and "all-gather" in result["collectives"]
 
 
@@ -360,7 +389,7 @@ def test_a_tpu_slice_compiles_for_its_devices(libtpu):
     assert len(slice_.devices) == 4 and slice_.devices[0].device_kind == "TPU v5 lite"
     result = plan.plan(_config(TINY, "fsdp:2", devices=4), slice_)
     assert result.devices == 4 and result.chip.name == "v5e"
-    assert result.mesh == {"data": 2, "fsdp": 2}
+    assert result.mesh == {"data": 2, "fsdp": 2, "tensor": 1}
     assert result.fits and result.roofline["step_s"] > 0
     assert "all-gather" in result.collectives and "reduce-scatter" in result.collectives
     params = _real_params(_config(TINY))

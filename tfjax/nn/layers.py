@@ -139,6 +139,8 @@ class FeedForward(nn.Module):
             hidden = nn.gelu(hidden, approximate=False)
         else:
             hidden = nn.silu(self._dense(self.mlp_dim, "wi_gate")(x)) * hidden
+        # Tensor parallelism splits F; a no-op outside a `parallel.rules` context.
+        hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
         hidden = nn.Dropout(self.dropout_rate)(hidden, deterministic=deterministic)
         return self._dense(x.shape[-1], "wo")(hidden)  # [B, L, D]
 
@@ -166,7 +168,10 @@ class Embed(nn.Module):
 
     def __call__(self, tokens: Int[Array, "B L"]) -> Float[Array, "B L E"]:
         """Looks up int32 ids [B, L]; returns [B, L, E] in the compute dtype."""
-        x = jnp.take(jnp.asarray(self.embedding, self.dtype), tokens, axis=0)
+        # Gathered whole for the lookup (FSDP splits the table; XLA cannot gather rows of a
+        # table split along E into a batch-split result); a no-op outside `parallel.rules`.
+        table = nn.with_logical_constraint(self.embedding, ("vocab", "embed"))
+        x = jnp.take(jnp.asarray(table, self.dtype), tokens, axis=0)
         return (
             x * jnp.sqrt(jnp.asarray(self.features, self.dtype)) if (self.scale_by_sqrt_dim) else x
         )

@@ -51,7 +51,14 @@ class Embedder(nn.Module):
             pos = None
         if pos is not None:
             x = positional.combine_embeddings(x, pos.astype(x.dtype), cfg.positional_combine)
-        return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)  # [B, L, D]
+        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)  # [B, L, D]
+        return constrain_embed(x)
+
+
+def constrain_embed(x: Float[Array, "B L D"]) -> Float[Array, "B L D"]:
+    """The residual stream pinned to the layout of ("batch", "length", "embed"); a no-op
+    outside a `parallel.rules` context (`tfjax.parallel.layout`)."""
+    return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
 
 def _attention(cfg, name: str, *, self_attention: bool) -> attention.MultiHeadAttention:
@@ -121,9 +128,10 @@ class EncoderLayer(nn.Module):
             deterministic=deterministic,
         )
         mlp = _feed_forward(cfg)
-        return _residual(cfg, "mlp_residual")(
+        x = _residual(cfg, "mlp_residual")(
             x, lambda h: mlp(h, deterministic=deterministic), deterministic=deterministic
         )
+        return constrain_embed(x)  # the residual stream between layers
 
 
 class DecoderLayer(nn.Module):
@@ -176,9 +184,10 @@ class DecoderLayer(nn.Module):
                 deterministic=deterministic,
             )
         mlp = _feed_forward(cfg)
-        return _residual(cfg, "mlp_residual")(
+        x = _residual(cfg, "mlp_residual")(
             x, lambda h: mlp(h, deterministic=deterministic), deterministic=deterministic
         )
+        return constrain_embed(x)  # the residual stream between layers
 
 
 class _Stack(nn.Module):

@@ -4,9 +4,11 @@ Both strategies wrap the same pure `train_step(state, batch, rng, axis_name=None
 in tfjax knows which one runs (STYLE.md §9).
 - "pmap" (default): the state is replicated on every local device, each device takes B / n rows
   of the host's batch, gradients are summed over the "batch" axis inside the step.
-- "sharded": one jitted program over a `Mesh` with axes ("data", "fsdp"); the batch is split
-  over all devices, parameters are replicated or, with an fsdp axis > 1, sharded along their
-  largest divisible dimension (ZeRO-3 / FSDP style: Rajbhandari et al. 2020).
+- "sharded": one jitted program over a `Mesh` with axes ("data", "fsdp", "tensor"); the batch
+  is split over ("data", "fsdp"), parameters are laid out by their logical axis names and
+  `parallel.rules` (`tfjax.parallel.layout`: by default attention heads and the MLP hidden
+  width over "tensor", Megatron-style) and, with an fsdp axis > 1, sharded along their largest
+  remaining divisible dimension (ZeRO-3 / FSDP style: Rajbhandari et al. 2020).
 Multi-process (`tfjax.parallel.distributed`): the mesh spans the devices of every process, and
 each process feeds the rows of every global batch that its own devices hold (`host_rows`), so
 the global batch, and the trained model, do not depend on how the devices are split into
@@ -25,11 +27,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tfjax import errors
+from tfjax.parallel import layout
 
 MODES = ("pmap", "sharded")
 # The mesh of mode "sharded"; each axis but "data" has the size of the `parallel` config field
 # of its name (the data axis takes the remaining devices).
-MESH_AXES = ("data", "fsdp")
+MESH_AXES = layout.MESH_AXES
 AXIS_NAME = "batch"
 # Arrays with fewer elements stay replicated under FSDP: gathering them costs more than they save.
 FSDP_MIN_SIZE = 2**14
@@ -127,7 +130,8 @@ class Pmap:
 
     def restore_target(self, abstract_state: Any) -> Any:
         """Where a restored checkpoint goes: replicated on the mesh (`put_state` then stacks it)."""
-        return _placed(abstract_state, lambda _: NamedSharding(self.mesh, PartitionSpec()))
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        return _placed(abstract_state, jax.tree.map(lambda _: replicated, abstract_state))
 
     def put_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         n = len(self.local_devices)
@@ -160,28 +164,28 @@ def _first_replica(x: jax.Array) -> jax.Array:
     return x.addressable_shards[0].data[0]
 
 
-def _placed(abstract_state: Any, sharding_of: Callable) -> Any:
-    """`jax.ShapeDtypeStruct`s of `abstract_state`'s leaves, each with `sharding_of(leaf)`."""
+def _placed(abstract_state: Any, shardings: Any) -> Any:
+    """`jax.ShapeDtypeStruct`s of `abstract_state`'s leaves, each with its sharding from the
+    matching tree `shardings`."""
     return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding_of(x)), abstract_state
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, shardings
     )
 
 
 def _fsdp_spec(shape: tuple[int, ...], fsdp: int, min_size: int = FSDP_MIN_SIZE) -> PartitionSpec:
     """Shards the largest dimension divisible by the fsdp axis; replicates arrays of fewer
-    than `min_size` elements."""
-    if fsdp <= 1 or not shape or int(np.prod(shape)) < min_size:
-        return PartitionSpec()
-    for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
-        if shape[dim] % fsdp == 0:
-            spec = [None] * len(shape)
-            spec[dim] = "fsdp"
-            return PartitionSpec(*spec)
-    return PartitionSpec()
+    than `min_size` elements (`layout.param_spec` for an array without logical names)."""
+    return layout.param_spec("array", shape, None, (), {"fsdp": fsdp}, min_size)
 
 
 class Sharded:
-    """`jax.jit` with `NamedSharding`: batch over ("data", "fsdp"), parameters over "fsdp".
+    """`jax.jit` with `NamedSharding` on the mesh ("data", "fsdp", "tensor").
+
+    The batch is split by the rule of "batch" (default: over "data" and "fsdp"); every leaf of
+    the train state is placed by `layout.param_spec`: its logical axes (from `logical_axes`, a
+    function of the state tree such as `tfjax.models.partitioning.state_axes`) mapped by
+    `rules`, then FSDP. The step is traced inside `layout.activation_rules`, so the model's
+    activation constraints apply. Without `logical_axes` parameters are only FSDP-sharded.
 
     `devices` (default: all of the job's) may be devices of a topology this host does not have
     (`tfjax.parallel.topology`): the step then compiles ahead of time but cannot run.
@@ -192,24 +196,48 @@ class Sharded:
         fsdp: int = 1,
         fsdp_min_size: int = FSDP_MIN_SIZE,
         devices: Sequence[jax.Device] | None = None,
+        *,
+        tensor: int = 1,
+        rules: Sequence = layout.DEFAULT_RULES,
+        logical_axes: Callable[[Any], Any] | None = None,
     ):
         devices = list(jax.devices() if devices is None else devices)
-        if fsdp < 1 or len(devices) % fsdp:
+        if fsdp < 1 or tensor < 1 or len(devices) % (fsdp * tensor):
             raise errors.ConfigError(
-                f"parallel.fsdp={fsdp} must divide the device count {len(devices)}"
+                f"parallel.fsdp={fsdp} x parallel.tensor={tensor} must divide the device count "
+                f"{len(devices)}"
             )
-        self.fsdp = fsdp
+        if tensor > 1 and logical_axes is None:
+            raise ValueError("parallel.tensor > 1 needs the parameters' logical_axes")
+        self.fsdp, self.tensor = fsdp, tensor
         self.fsdp_min_size = fsdp_min_size
-        self.mesh = Mesh(np.array(devices).reshape(-1, fsdp), MESH_AXES)
+        self.rules = layout.check_rules(rules)
+        self.logical_axes = logical_axes
+        self.mesh = Mesh(np.array(devices).reshape(-1, fsdp, tensor), MESH_AXES)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
-        self.batch_sharding = NamedSharding(self.mesh, PartitionSpec(("data", "fsdp")))
+        self.batch_sharding = NamedSharding(self.mesh, layout.batch_spec(self.rules))
         self.state_sharding = None
 
     def shardings(self, abstract_state: Any) -> Any:
-        return jax.tree.map(self._sharding_of, abstract_state)
+        """A `NamedSharding` per leaf of `abstract_state` (any tree of arrays or shapes).
 
-    def _sharding_of(self, x: Any) -> NamedSharding:
-        return NamedSharding(self.mesh, _fsdp_spec(tuple(x.shape), self.fsdp, self.fsdp_min_size))
+        Raises:
+            tfjax.errors.ConfigError: for a parameter whose mapped dimension does not divide.
+        """
+        sizes = dict(self.mesh.shape)
+        if self.logical_axes is None:
+            axes = jax.tree.map(lambda _: None, abstract_state)
+        else:
+            axes = self.logical_axes(abstract_state)
+
+        def place(path, x, names):
+            name = jax.tree_util.keystr(path, simple=True, separator="/")
+            spec = layout.param_spec(
+                name, tuple(x.shape), names, self.rules, sizes, self.fsdp_min_size
+            )
+            return NamedSharding(self.mesh, spec)
+
+        return jax.tree_util.tree_map_with_path(place, abstract_state, axes)
 
     def put_state(self, state: Any) -> Any:
         if self.state_sharding is None:
@@ -239,7 +267,7 @@ class Sharded:
 
     def restore_target(self, abstract_state: Any) -> Any:
         """Where a restored checkpoint goes: straight into the train step's shardings."""
-        return _placed(abstract_state, self._sharding_of)
+        return _placed(abstract_state, self.shardings(abstract_state))
 
     def put_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         return jax.tree.map(
@@ -262,8 +290,13 @@ class Sharded:
 
     def compile_train_step(self, train_step: Callable, abstract_state: Any) -> Callable:
         self.state_sharding = self.shardings(abstract_state)
+
+        def step(state, batch, rng):
+            with layout.activation_rules(self.mesh, self.rules):
+                return train_step(state, batch, rng)
+
         return jax.jit(
-            train_step,
+            step,
             in_shardings=(self.state_sharding, self.batch_sharding, self.replicated),
             out_shardings=(self.state_sharding, self.replicated),
             donate_argnums=(0,),
@@ -276,18 +309,25 @@ def create(
     fsdp: int = 1,
     fsdp_min_size: int = FSDP_MIN_SIZE,
     devices: Sequence[jax.Device] | None = None,
+    tensor: int = 1,
+    rules: Sequence = layout.DEFAULT_RULES,
+    logical_axes: Callable[[Any], Any] | None = None,
 ) -> Pmap | Sharded:
-    """The strategy for `parallel.mode` (one of `MODES`); `fsdp_min_size`: see `_fsdp_spec`.
+    """The strategy for `parallel.mode` (one of `MODES`); `fsdp_min_size`: see `_fsdp_spec`;
+    `tensor`, `rules` and `logical_axes`: see `Sharded`.
 
     `devices` (mode "sharded" only) replaces the job's devices, e.g. by a topology's
     compile-only devices for ahead-of-time planning.
     """
     if mode == "pmap":
-        if fsdp != 1:
-            raise errors.ConfigError("parallel.fsdp > 1 needs parallel.mode='sharded'")
+        for name, size in (("fsdp", fsdp), ("tensor", tensor)):
+            if size != 1:
+                raise errors.ConfigError(f"parallel.{name} > 1 needs parallel.mode='sharded'")
         if devices is not None:
             raise ValueError("Pmap runs on the job's own devices; plan with mode='sharded'")
         return Pmap()
     if mode == "sharded":
-        return Sharded(fsdp, fsdp_min_size, devices)
+        return Sharded(
+            fsdp, fsdp_min_size, devices, tensor=tensor, rules=rules, logical_axes=logical_axes
+        )
     raise errors.ConfigError(f"parallel.mode={mode!r} is not one of {MODES}")

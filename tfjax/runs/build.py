@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import functools
 import json
+import math
 import os
 import pathlib
 from typing import Any
@@ -24,8 +25,9 @@ import ml_collections
 from tfjax import errors, models
 from tfjax.data import datasets, tokenizers
 from tfjax.inference import decoding
+from tfjax.models import partitioning
 from tfjax.nn import stacking
-from tfjax.parallel import distributed, strategies
+from tfjax.parallel import distributed, layout, strategies
 from tfjax.training import checkpointing, optim, steps
 
 
@@ -80,8 +82,15 @@ def load_config_json(path: str | os.PathLike) -> ml_collections.ConfigDict:
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {path.parent} a tfjax workdir?")
     config = ml_collections.ConfigDict(json.loads(path.read_text(encoding="utf-8")))
+    for key, value in _PARALLEL_SINCE_TENSOR.items():  # runs from before tensor parallelism
+        if "parallel" in config and key not in config.parallel:
+            config.parallel[key] = value
     config.lock()
     return config
+
+
+# `parallel` fields newer than some workdirs' config.json, with the values those runs had.
+_PARALLEL_SINCE_TENSOR = {"tensor": 1, "rules": layout.DEFAULT_RULES}
 
 
 # Fields of the `train` group that must be >= 1 (0 would divide by zero in the loop) or >= 0.
@@ -125,6 +134,52 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         value = config.parallel[field]
         if not isinstance(value, int) or value < 1:
             raise errors.ConfigError(f"parallel.{field} must be an integer >= 1, got {value!r}")
+    _check_layout(config)
+
+
+def _check_layout(config: ml_collections.ConfigDict) -> None:
+    """The mesh sizes and `parallel.rules`, and, in mode "sharded", that every parameter of the
+    model gets a layout that divides (shapes from `jax.eval_shape`: nothing is allocated)."""
+    parallel = config.parallel
+    for axis in strategies.MESH_AXES[1:]:
+        if not isinstance(parallel[axis], int) or parallel[axis] < 1:
+            raise errors.ConfigError(
+                f"parallel.{axis} must be an integer >= 1, got {parallel[axis]!r}"
+            )
+    rules = layout.check_rules(parallel.rules, partitioning.LOGICAL_AXES)
+    if parallel.mode != "sharded":
+        for axis in strategies.MESH_AXES[1:]:
+            if parallel[axis] != 1:
+                raise errors.ConfigError(
+                    f"parallel.{axis}={parallel[axis]} needs --config.parallel.mode=sharded"
+                )
+        return
+    sizes = {axis: parallel[axis] for axis in strategies.MESH_AXES[1:]}
+    # 0: the tokenizer's size, known after the data; a stand-in every mesh axis divides.
+    vocab_size = config.model.vocab_size or 2 * math.prod(sizes.values())
+    params = abstract_params(make_model_config(config, vocab_size))
+    axes = partitioning.logical_axes(params)
+    jax.tree_util.tree_map_with_path(
+        lambda path, x, names: layout.param_spec(
+            jax.tree_util.keystr(path, simple=True, separator="/"),
+            tuple(x.shape),
+            names,
+            rules,
+            sizes,
+            strategies.FSDP_MIN_SIZE,
+        ),
+        params,
+        axes,
+    )
+
+
+def abstract_params(model_config: models.ModelConfig) -> Any:
+    """The model's parameters as `jax.ShapeDtypeStruct`s, from a one-token-row sample."""
+    model = models.create_model(model_config)
+    row = jax.ShapeDtypeStruct((1, 1), jnp.int32)  # a shape, not an array: no device touched
+    args, kwargs = steps.model_inputs({"inputs": row, "targets": row}, model_config.kind)
+    init = lambda *a, **k: model.init(jax.random.key(0), *a, **k)  # noqa: E731
+    return jax.eval_shape(init, *args, **kwargs)["params"]
 
 
 def _optim_config(config: ml_collections.ConfigDict) -> optim.OptimConfig:
@@ -201,8 +256,17 @@ def make_optimizer(config: ml_collections.ConfigDict, model_config: models.Model
 
 
 def make_strategy(config: ml_collections.ConfigDict, devices=None):
-    """The strategy of `config.parallel` over `devices` (default: the job's devices)."""
-    return strategies.create(config.parallel.mode, fsdp=config.parallel.fsdp, devices=devices)
+    """The strategy of `config.parallel` over `devices` (default: the job's devices); mode
+    "sharded" lays parameters out by their logical axes (`tfjax.models.partitioning`)."""
+    parallel = config.parallel
+    return strategies.create(
+        parallel.mode,
+        fsdp=parallel.fsdp,
+        tensor=parallel.tensor,
+        rules=parallel.rules,
+        logical_axes=partitioning.state_axes,
+        devices=devices,
+    )
 
 
 def make_train_step(config: ml_collections.ConfigDict, model, optimizer, schedule):
@@ -263,6 +327,7 @@ def restore(
         raise ValueError("average the last checkpoints or restore one step, not both")
     config = copy.deepcopy(config)
     config.parallel.mode, config.parallel.fsdp = "pmap", 1  # the run's strategy goes unused
+    config.parallel.tensor = 1
     run = build(config, workdir)
     convert = layout_conversion(run.model_config)
     with checkpointing.Checkpointer(workdir / "checkpoints") as checkpointer:

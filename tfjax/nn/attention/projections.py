@@ -105,14 +105,21 @@ class Projections:
             qkv = self._dense((width, h), "qkv")(x_q)  # [B, L, N + 2K, H]
             q, k = qkv[:, :, :n], qkv[:, :, n : n + kv]
             v = self._low_rank_value(x_q, kv, h) if low_rank else qkv[:, :, n + kv :]
-            return q, k, v
-        q = self.query(x_q, n, h)  # [B, L, N, H]
-        k, v = self.key_value(x_q if x_kv is None else x_kv, kv, h)
-        return q, k, v
+        else:
+            q = self.query(x_q, n, h)  # [B, L, N, H]
+            k, v = self.key_value(x_q if x_kv is None else x_kv, kv, h)
+        return _by_heads(q, "heads"), _by_heads(k, "kv_heads"), _by_heads(v, "kv_heads")
 
     def output(self, x: Float[Array, "B L N H"], width: int) -> Float[Array, "B L D"]:
         """The "out" projection W^O back to the model width D."""
+        x = _by_heads(x, "heads")
         return self._dense(width, "out", axis=(-2, -1))(x)  # [B, L, D]
+
+
+def _by_heads(x: Array, heads: str) -> Array:
+    """[B, L, N or K, H] pinned to the layout of its logical axes (tensor parallelism splits the
+    heads); a no-op outside a `parallel.rules` context (`tfjax.parallel.layout`)."""
+    return nn.with_logical_constraint(x, ("batch", "length", heads, "kv"))
 
 
 def score_weights(
