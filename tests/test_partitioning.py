@@ -46,6 +46,9 @@ VARIANTS = {
     "decoder_gelu_alibi_final_norm": dict(
         kind="decoder_only", activation="gelu", positional="alibi", final_norm=True
     ),
+    # Scanned stacks: every layer parameter gains a leading "layers" axis.
+    "encoder_decoder_scanned_relative": dict(scan_layers=True, positional="relative"),
+    "decoder_scanned_gqa": dict(kind="decoder_only", scan_layers=True, num_kv_heads=1),
 }
 
 
@@ -189,3 +192,16 @@ def test_an_old_workdirs_config_gets_the_layout_it_ran_with(tmp_path):
     assert loaded.parallel.tensor == 1
     assert layout.normalize_rules(loaded.parallel.rules) == layout.DEFAULT_RULES
     assert isinstance(build.make_strategy(loaded), strategies.Pmap)
+
+
+def test_a_scanned_stack_adds_a_layers_axis_that_no_rule_or_fsdp_splits():
+    params = _params(num_layers=3, num_decoder_layers=3, scan_layers=True)
+    axes = partitioning.logical_axes(params)
+    assert axes["encoder"]["layers"]["mlp"]["wi"]["kernel"] == ("layers", "embed", "mlp")
+    assert axes["embed"]["embedding"] == ("vocab", "embed")  # outside the stack: as before
+    rules = layout.check_rules(layout.DEFAULT_RULES)
+    # [layers=3, D=16, F=32] with fsdp 3: the layer axis is the only one fsdp divides.
+    spec = layout.param_spec("wi", (3, 16, 32), ("layers", "embed", "mlp"), rules, {"fsdp": 3}, 1)
+    assert spec == P()
+    spec = layout.param_spec("wi", (3, 16, 32), ("layers", "embed", "mlp"), rules, {"tensor": 2}, 1)
+    assert spec == P(None, None, "tensor")

@@ -14,6 +14,7 @@ of axis names, one per dimension:
                (fused cross-attention "kv")  kv_out         a second H (score weights)
   rank         r of a low-rank value         relpos_buckets relative-position buckets
   positions    rows of a learned table       classes        classifier outputs
+  layers       the leading layer axis of a scanned stack (`model.scan_layers`)
 
 Activations carry `batch`, `length`, `embed`, `heads`, `kv_heads`, `kv` and `mlp` through
 `flax.linen.with_logical_constraint` in `tfjax.nn` (no-ops outside a rules context).
@@ -31,10 +32,11 @@ from typing import Any
 import jax
 
 from tfjax import errors
+from tfjax.nn import stacking
 
 ATTENTION = ("heads", "kv_heads", "qkv_heads", "kv", "kv_out", "rank", "relpos_buckets")
 LOGICAL_AXES = (
-    *("batch", "length", "embed", "embed_out", "mlp", "vocab", "positions", "classes"),
+    *("batch", "length", "embed", "embed_out", "mlp", "vocab", "positions", "classes", "layers"),
     *ATTENTION,
 )
 
@@ -104,10 +106,13 @@ def path_names(path: tuple) -> tuple[str, ...]:
 
 def axes_of(path: tuple[str, ...], ndim: int) -> tuple[str, ...] | None:
     """The logical axes of the parameter at `path` (strings), or None when the table has no
-    row for it or the row's rank is not `ndim`."""
+    row for it or the row's rank is not `ndim`. Inside a scanned stack (a `stacking.SCANNED`
+    module on the path) the parameter carries a leading "layers" axis."""
     tail = "/".join(path[-2:])
     for pattern, axes in TABLE:
         if fnmatch.fnmatchcase(tail, pattern):
+            if stacking.SCANNED in path[:-2]:
+                axes = ("layers", *axes)
             return axes if len(axes) == ndim else None
     return None
 

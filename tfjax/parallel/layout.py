@@ -104,7 +104,8 @@ def param_spec(
     `axes` (its logical names; None for arrays without any, e.g. step counters) are mapped by
     `rules`; mesh axes of size 1 split nothing and are left out. Then, when the array has at
     least `fsdp_min_size` elements and does not use "fsdp" yet, its largest dimension that is
-    still whole and divisible by the fsdp axis is split over it (ZeRO-3 / FSDP).
+    still whole and divisible by the fsdp axis is split over it (ZeRO-3 / FSDP); a scanned
+    stack's "layers" axis never is.
 
     Raises:
         tfjax.errors.ConfigError: when a mapped dimension does not divide over its mesh axes.
@@ -122,7 +123,9 @@ def param_spec(
     taken = {axis for entry in mapped for axis in entry}
     if fsdp > 1 and "fsdp" not in taken and math.prod(shape) >= fsdp_min_size:
         for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
-            if not mapped[dim] and shape[dim] % fsdp == 0:
+            # A scanned stack's "layers" axis is sliced every iteration: never split it.
+            stacked = axes is not None and axes[dim] == "layers"
+            if not mapped[dim] and not stacked and shape[dim] % fsdp == 0:
                 mapped[dim] = ("fsdp",)
                 break
     if not any(mapped):
