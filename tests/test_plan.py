@@ -13,6 +13,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -458,3 +459,34 @@ def test_chips_table_is_per_chip_datasheet_numbers():
         assert 1e14 < chip.peak_flops < 2e15 and 8e9 < chip.hbm_bytes < 2e11
         assert 5e11 < chip.hbm_bandwidth < 5e12
     assert np.isclose(topology.CHIPS["v5e"].hbm_bandwidth, 819e9)
+
+
+def test_a_step_the_compiler_cannot_fit_is_one_line_with_the_fixes():
+    """TPU compilers refuse a program whose buffers exceed HBM (seen for configs/lm.py:1b on
+    v5e:2x2): the plan says so in one line, with the state's share and what to change."""
+    said = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (54.72G) exceeds available HBM (15.75G)."
+    )
+
+    class Lowered:
+        def compile(self):
+            raise jax.errors.JaxRuntimeError(said)
+
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    matrix = jax.ShapeDtypeStruct((1024, 1024), jnp.float32, sharding=one)
+    state = types.SimpleNamespace(params={"w": matrix}, opt_state={"mu": matrix})
+    with pytest.raises(errors.ConfigError) as caught:
+        plan._compile(Lowered(), state, "v5e:2x2")
+    text = str(caught.value)
+    assert text.startswith("the step does not fit v5e:2x2: Ran out of memory on HBM")
+    assert "(54.72G) exceeds available HBM (15.75G)" in text
+    assert "parameters take 4.00 MiB and the optimizer state 4.00 MiB" in text
+    assert "model.scan_layers=true with model.remat=full" in text and "\n" not in text
+
+    class Broken:
+        def compile(self):
+            raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+    with pytest.raises(jax.errors.JaxRuntimeError, match="something else"):
+        plan._compile(Broken(), state, "v5e:2x2")

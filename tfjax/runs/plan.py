@@ -128,7 +128,7 @@ def plan(config: ml_collections.ConfigDict, topology: topology_lib.Topology) -> 
     batch = {k: jax.ShapeDtypeStruct((batch_size, *s), jnp.int32) for k, s in rows.items()}
     state, batch, rng = strategy.abstract_inputs(abstract_state, batch)
     start = time.perf_counter()
-    compiled = step.lower(state, batch, rng).compile()
+    compiled = _compile(step.lower(state, batch, rng), state, topology.name)
     seconds = time.perf_counter() - start
     flops_per_device, bytes_accessed = costs.cost(compiled)
     hlo_text = compiled.as_text()
@@ -153,6 +153,24 @@ def plan(config: ml_collections.ConfigDict, topology: topology_lib.Topology) -> 
         bytes_accessed=bytes_accessed,
         compile_seconds=seconds,
     )
+
+
+def _compile(lowered, state, topology: str):
+    """`lowered.compile()`; a step the compiler cannot fit into a device's memory (TPU
+    compilers refuse it) is a one-line `ConfigError` with the state's bytes and the fixes."""
+    try:
+        return lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        reason = " ".join(str(e).split("RESOURCE_EXHAUSTED:", 1)[1].split())
+        raise errors.ConfigError(
+            f"the step does not fit {topology}: {reason.rstrip('.')}; per device the "
+            f"parameters take {_size(_device_bytes(state.params))} and the optimizer state "
+            f"{_size(_device_bytes(state.opt_state))}; try a larger slice, more parallel.fsdp "
+            "or parallel.tensor, a smaller train.global_batch_size, or "
+            "model.scan_layers=true with model.remat=full"
+        ) from None
 
 
 def _as_sharded(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict, tuple]:
