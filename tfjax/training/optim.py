@@ -123,11 +123,39 @@ def _step(count: jax.Array | int) -> jax.Array:
     return jnp.asarray(count, jnp.float32) + 1.0
 
 
-def _warmup_factor(s: jax.Array, warmup_steps: int) -> jax.Array:
-    """Linear warmup s / warmup_steps, capped at 1; 1 throughout when warmup_steps == 0."""
-    if warmup_steps == 0:
-        return jnp.ones_like(s)
-    return jnp.minimum(1.0, s / warmup_steps)
+def _warmup_factor(s: jax.Array, warmup_steps) -> jax.Array:
+    """Linear warmup s / warmup_steps, capped at 1; 1 throughout when warmup_steps == 0.
+
+    `warmup_steps` is a Python int, or a traced scalar in a vectorised sweep."""
+    if isinstance(warmup_steps, numbers.Number):
+        if warmup_steps == 0:
+            return jnp.ones_like(s)
+        return jnp.minimum(1.0, s / warmup_steps)
+    ramp = jnp.minimum(1.0, s / jnp.maximum(warmup_steps, 1.0))
+    return jnp.where(warmup_steps > 0, ramp, 1.0)
+
+
+# The schedules' formulas, of the paper's step s (from 1) and hyperparameters that are Python
+# numbers or (in a vectorised sweep, `traced_optimizer`) traced float32 scalars.
+
+
+def _paper(s, d_model, warmup_steps, scale):
+    return scale * d_model**-0.5 * jnp.minimum(s**-0.5, s * warmup_steps**-1.5)
+
+
+def _rsqrt(s, peak, warmup_steps):
+    return peak * jnp.minimum(s / warmup_steps, jnp.sqrt(warmup_steps / s))
+
+
+def _cosine(s, peak, warmup_steps, decay_steps, end_fraction):
+    end = peak * end_fraction
+    progress = jnp.clip((s - warmup_steps) / (decay_steps - warmup_steps), 0.0, 1.0)
+    decayed = end + (peak - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
+    return jnp.where(s < warmup_steps, peak * _warmup_factor(s, warmup_steps), decayed)
+
+
+def _constant(s, peak, warmup_steps):
+    return peak * _warmup_factor(s, warmup_steps)
 
 
 def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
@@ -147,8 +175,7 @@ def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax
         )
 
     def schedule(count):
-        s = _step(count)
-        return scale * d_model**-0.5 * jnp.minimum(s**-0.5, s * warmup_steps**-1.5)
+        return _paper(_step(count), d_model, warmup_steps, scale)
 
     return schedule
 
@@ -164,8 +191,7 @@ def rsqrt_schedule(peak: float, warmup_steps: int) -> optax.Schedule:
         raise errors.ConfigError(f"warmup_steps: expected > 0, got {warmup_steps}")
 
     def schedule(count):
-        s = _step(count)
-        return peak * jnp.minimum(s / warmup_steps, jnp.sqrt(warmup_steps / s))
+        return _rsqrt(_step(count), peak, warmup_steps)
 
     return schedule
 
@@ -189,13 +215,9 @@ def cosine_schedule(
             f"warmup_steps, decay_steps: expected 0 <= warmup_steps < decay_steps, "
             f"got {warmup_steps}, {decay_steps}"
         )
-    end = peak * end_fraction
 
     def schedule(count):
-        s = _step(count)
-        progress = jnp.clip((s - warmup_steps) / (decay_steps - warmup_steps), 0.0, 1.0)
-        decayed = end + (peak - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
-        return jnp.where(s < warmup_steps, peak * _warmup_factor(s, warmup_steps), decayed)
+        return _cosine(_step(count), peak, warmup_steps, decay_steps, end_fraction)
 
     return schedule
 
@@ -204,7 +226,7 @@ def constant_schedule(peak: float, warmup_steps: int) -> optax.Schedule:
     """Linear warmup to `peak` over warmup_steps (none when 0), then constant."""
 
     def schedule(count):
-        return peak * _warmup_factor(_step(count), warmup_steps)
+        return _constant(_step(count), peak, warmup_steps)
 
     return schedule
 
@@ -246,16 +268,125 @@ def make_optimizer(
     """
     _check_weight_decay(config.optimizer, config.weight_decay)
     schedule = make_schedule(config, d_model)
-    adam_args = dict(learning_rate=schedule, b1=config.b1, b2=config.b2, eps=config.eps)
-    if config.optimizer == "adamw":
-        adam = optax.adamw(**adam_args, weight_decay=config.weight_decay)
+    clip = config.grad_clip_norm if config.grad_clip_norm > 0 else None
+    hyper = {"b1": config.b1, "b2": config.b2, "eps": config.eps}
+    hyper["weight_decay"] = config.weight_decay if config.optimizer == "adamw" else None
+    return _chain(schedule, hyper, clip, config.grad_accum_steps), schedule
+
+
+def _chain(
+    schedule: optax.Schedule, hyper: dict, clip_norm, grad_accum_steps: int
+) -> optax.GradientTransformation:
+    """clip (unless `clip_norm` is None) → Adam, or AdamW unless hyper["weight_decay"] is None,
+    under `optax.MultiSteps` when grad_accum_steps > 1."""
+    adam_args = dict(learning_rate=schedule, b1=hyper["b1"], b2=hyper["b2"], eps=hyper["eps"])
+    if hyper["weight_decay"] is not None:
+        adam = optax.adamw(**adam_args, weight_decay=hyper["weight_decay"])
     else:
         adam = optax.adam(**adam_args)
-    parts = []
-    if config.grad_clip_norm > 0:
-        parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
+    parts = [] if clip_norm is None else [optax.clip_by_global_norm(clip_norm)]
     optimizer = optax.chain(*parts, adam)
-    if config.grad_accum_steps > 1:
-        multi = optax.MultiSteps(optimizer, every_k_schedule=config.grad_accum_steps)
+    if grad_accum_steps > 1:
+        multi = optax.MultiSteps(optimizer, every_k_schedule=grad_accum_steps)
         optimizer = multi.gradient_transformation()
-    return optimizer, schedule
+    return optimizer
+
+
+# Fields a vectorised sweep may set per trial (`traced_optimizer`); the others are one value.
+TRACEABLE = (
+    "learning_rate",
+    "warmup_steps",
+    "b1",
+    "b2",
+    "eps",
+    "weight_decay",
+    "grad_clip_norm",
+    "decay_steps",
+    "end_lr_fraction",
+    "schedule",
+    "optimizer",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedStructure:
+    """What the trials of one vectorised optimizer share (`traced_structure`).
+
+    Attributes:
+        schedules: the schedule names the trials use; a trial's `hyper["schedule"]` indexes it.
+        adamw: AdamW for every trial (Adam trials get weight decay 0: the same update).
+        clip: clipping for every trial (trials without get an infinite norm: no clipping).
+        grad_accum_steps: shared by all trials.
+    """
+
+    schedules: tuple[str, ...]
+    adamw: bool
+    clip: bool
+    grad_accum_steps: int
+
+
+def traced_structure(configs: "list[OptimConfig]") -> TracedStructure:
+    """The shared structure of trials' optimizers (each config already checked).
+
+    Raises:
+        tfjax.errors.ConfigError: if the trials differ in a field outside `TRACEABLE`.
+    """
+    first = dataclasses.asdict(configs[0])
+    for config in configs[1:]:
+        for key, value in dataclasses.asdict(config).items():
+            if key not in TRACEABLE and value != first[key]:
+                raise errors.ConfigError(
+                    f"optim.{key} differs between trials ({first[key]!r}, {value!r}) and "
+                    f"cannot be vectorised; vectorisable: {', '.join(TRACEABLE)}"
+                )
+    return TracedStructure(
+        schedules=tuple(dict.fromkeys(c.schedule for c in configs)),
+        adamw=any(c.optimizer == "adamw" for c in configs),
+        clip=any(c.grad_clip_norm > 0 for c in configs),
+        grad_accum_steps=configs[0].grad_accum_steps,
+    )
+
+
+def traced_hyper(config: OptimConfig, structure: TracedStructure) -> dict[str, jax.Array]:
+    """One trial's hyperparameters as float32 scalars (int32 `schedule` index) for
+    `traced_optimizer`; stack the trials' dicts for a vectorised step."""
+    hyper = {k: jnp.float32(getattr(config, k)) for k in TRACEABLE[:-2]}
+    if config.grad_clip_norm == 0:
+        hyper["grad_clip_norm"] = jnp.float32(jnp.inf)  # clipping off: the identity
+    hyper["schedule"] = jnp.int32(structure.schedules.index(config.schedule))
+    return hyper
+
+
+def traced_optimizer(
+    hyper: dict[str, jax.Array], structure: TracedStructure, d_model: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """`make_optimizer` with the hyperparameters as (traced) scalars, for `jax.vmap` over trials.
+
+    Every trial's optimizer state has the same structure (`structure`); the update of each
+    trial equals that of `make_optimizer(its config)` up to float rounding: an Adam trial's
+    zero weight decay adds 0 · param, an unclipped trial clips at an infinite norm.
+    """
+    formulas = {
+        "paper": lambda s: _paper(s, d_model, hyper["warmup_steps"], hyper["learning_rate"]),
+        "rsqrt": lambda s: _rsqrt(s, hyper["learning_rate"], hyper["warmup_steps"]),
+        "cosine": lambda s: _cosine(
+            s,
+            hyper["learning_rate"],
+            hyper["warmup_steps"],
+            hyper["decay_steps"],
+            hyper["end_lr_fraction"],
+        ),
+        "constant": lambda s: _constant(s, hyper["learning_rate"], hyper["warmup_steps"]),
+    }
+
+    def schedule(count):
+        s = _step(count)
+        values = [formulas[name](s) for name in structure.schedules]  # each [] float32
+        if len(values) == 1:
+            return values[0]
+        return jnp.select([hyper["schedule"] == i for i in range(len(values))], values)
+
+    adam = {k: hyper[k] for k in ("b1", "b2", "eps")}
+    adam["weight_decay"] = hyper["weight_decay"] if structure.adamw else None
+    clip = hyper["grad_clip_norm"] if structure.clip else None
+    return _chain(schedule, adam, clip, structure.grad_accum_steps), schedule
