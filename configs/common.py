@@ -41,7 +41,7 @@ TINY = {
 def base_config(
     *, model: dict, data: dict, optim_overrides: dict | None = None, train: dict | None = None
 ) -> ml_collections.ConfigDict:
-    """A full run config: seed, model, data, optim, train, parallel."""
+    """A full run config: seed, model, data, optim, train, sweep, parallel."""
     config = ml_collections.ConfigDict()
     config.seed = 0
     model_fields = dataclasses.asdict(models.ModelConfig())
@@ -60,6 +60,14 @@ def base_config(
         "checkpoint_every_steps": 1000,
         "keep_checkpoints": 3,
         **(train or {}),
+    }
+    config.sweep = {
+        # experiments.sweep: train the trials that share a model shape as one vectorised
+        # program (tfjax.runs.vsweep) instead of one after another.
+        "vectorize": False,
+        # Vectorised sweeps: at each of these steps stop the worse half of the trials still
+        # training, by eval loss (successive halving); () = never.
+        "halving_steps": (),
     }
     config.parallel = {
         "mode": "pmap",

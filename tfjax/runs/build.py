@@ -81,7 +81,13 @@ def load_config_json(path: str | os.PathLike) -> ml_collections.ConfigDict:
     path = pathlib.Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {path.parent} a tfjax workdir?")
-    config = ml_collections.ConfigDict(json.loads(path.read_text(encoding="utf-8")))
+    return load_config_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def load_config_dict(tree: dict) -> ml_collections.ConfigDict:
+    """A run's config from the JSON dict of `config_dict` (e.g. one saved in a checkpoint),
+    locked; fields newer than the run get the values it had."""
+    config = ml_collections.ConfigDict(tree)
     for key, value in _PARALLEL_SINCE_TENSOR.items():  # runs from before tensor parallelism
         if "parallel" in config and key not in config.parallel:
             config.parallel[key] = value
@@ -117,7 +123,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     datasets.DataConfig(**config.data)
     vocab_size = config.model.vocab_size or 2  # 0: the tokenizer's size, known after the data
     models.ModelConfig(**{**config.model.to_dict(), "vocab_size": vocab_size})
-    _optim_config(config)
+    optim_config(config)
     for field in _TRAIN_POSITIVE + _TRAIN_NON_NEGATIVE:
         value, least = config.train[field], int(field in _TRAIN_POSITIVE)
         if not isinstance(value, int) or value < least:
@@ -182,7 +188,8 @@ def abstract_params(model_config: models.ModelConfig) -> Any:
     return jax.eval_shape(init, *args, **kwargs)["params"]
 
 
-def _optim_config(config: ml_collections.ConfigDict) -> optim.OptimConfig:
+def optim_config(config: ml_collections.ConfigDict) -> optim.OptimConfig:
+    """`OptimConfig(**config.optim)`; cosine `decay_steps` 0 = the whole run, in updates."""
     fields = config.optim.to_dict()
     if fields["schedule"] == "cosine" and not fields["decay_steps"]:
         # 0 = decay over the whole run, counted in applied updates.
@@ -252,7 +259,7 @@ def make_model_config(
 
 def make_optimizer(config: ml_collections.ConfigDict, model_config: models.ModelConfig):
     """(optimizer, schedule) of `config.optim` (`tfjax.training.optim.make_optimizer`)."""
-    return optim.make_optimizer(_optim_config(config), model_config.embed_dim)
+    return optim.make_optimizer(optim_config(config), model_config.embed_dim)
 
 
 def make_strategy(config: ml_collections.ConfigDict, devices=None):

@@ -108,6 +108,24 @@ class MetricWriter:
         tensorboard.add_text(tag, text, global_step=operator.index(step))
         tensorboard.flush()
 
+    def write_hparams(
+        self,
+        hparams: Mapping[str, bool | str | float | int],
+        metrics: Mapping[str, SupportsFloat],
+        step: SupportsIndex | None = None,
+    ) -> None:
+        """Records the run's hyperparameters and final metrics for TensorBoard's hparams
+        dashboard, in `tensorboard/hparams` (metric tags `hparam/<name>`, so they do not clash
+        with the scalars of `write`). Non-finite metrics are skipped (TensorBoard cannot plot
+        them)."""
+        if not self.enabled:
+            return
+        values = {f"hparam/{k}": float(v) for k, v in metrics.items() if math.isfinite(float(v))}
+        tensorboard = self._tensorboard_writer()
+        global_step = None if step is None else operator.index(step)
+        tensorboard.add_hparams(dict(hparams), values, name="hparams", global_step=global_step)
+        tensorboard.flush()
+
     def close(self) -> None:
         """Flushes and closes the files; a later write opens them again."""
         if self._file is not None:

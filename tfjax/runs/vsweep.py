@@ -1,0 +1,392 @@
+"""A vectorised sweep: the trials that share a model shape trained as one program.
+
+`train_trials(trials, directory)` trains trials (a name, a resolved config and a workdir
+each) whose configs differ only in `VECTOR_KEYS` with one jitted step vectorised over a
+leading trial axis (`tfjax.training.vectorized`). Each trial's workdir ends up as an ordinary
+run's, except for the checkpoints: `config.json`, the tokenizer, `metrics.jsonl` and
+TensorBoard (with the trial's hyperparameters on TensorBoard's hparams dashboard) are written
+there; the whole group's state is checkpointed once, in `directory/checkpoints`, and a rerun
+resumes every trial exactly. `extract(directory, trials, name)` writes one trial's checkpoint
+into its workdir, which `experiments.train` then resumes and `evaluate`, `translate` and
+`generate` read like any other.
+
+The trial axis is sharded over the mesh axis "trial" of the available devices, and the batch
+over "data" with the devices left over (4 trials on 8 devices: 2 data-parallel devices each).
+A trial whose loss goes non-finite is frozen and reported; `sweep.halving_steps` stops the
+worse half of the live trials (by eval loss) at each of those steps (successive halving).
+"""
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import pathlib
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from tfjax import errors, models
+from tfjax.data import pipeline
+from tfjax.nn import losses
+from tfjax.runs import build, evaluator, lock, trainer, vsweep_state
+from tfjax.training import checkpointing, logger, optim, steps, vectorized
+
+log = logging.getLogger(__name__)
+
+# Config keys that trials of one group may differ in; the others split a sweep into groups.
+VECTOR_KEYS = ("seed", *(f"optim.{name}" for name in optim.TRACEABLE))
+_NOT_COMPARED = ("sweep",)  # config groups that do not change what a trial computes
+
+
+@dataclasses.dataclass
+class Trial:
+    """One trial: its name in the sweep, resolved config and workdir."""
+
+    name: str
+    config: ml_collections.ConfigDict
+    workdir: pathlib.Path
+
+
+@dataclasses.dataclass
+class Outcome:
+    """How a trial ended: "ok", "frozen at step N (...)" or "stopped at step N (...)"."""
+
+    status: str
+    final: dict[str, float]
+
+
+def _flat(config: ml_collections.ConfigDict) -> dict[str, object]:
+    tree = build.config_dict(config)
+    out = {}
+    for group, value in tree.items():
+        if group in _NOT_COMPARED:
+            continue
+        if isinstance(value, dict):
+            out.update({f"{group}.{key}": item for key, item in value.items()})
+        else:
+            out[group] = value
+    return out
+
+
+def hparams(config: ml_collections.ConfigDict) -> dict[str, object]:
+    """A trial's values of `VECTOR_KEYS` (for TensorBoard's hparams dashboard)."""
+    flat = _flat(config)
+    return {key: flat[key] for key in VECTOR_KEYS}
+
+
+def group_trials(trials: Sequence[Trial]) -> list[list[Trial]]:
+    """The trials split into groups whose configs differ only in `VECTOR_KEYS`, in order."""
+    groups: dict[str, list[Trial]] = {}
+    for trial in trials:
+        shared = {k: v for k, v in _flat(trial.config).items() if k not in VECTOR_KEYS}
+        groups.setdefault(json.dumps(shared, sort_keys=True), []).append(trial)
+    return list(groups.values())
+
+
+def splitting_keys(trials: Sequence[Trial]) -> list[str]:
+    """The config keys outside `VECTOR_KEYS` whose values differ between `trials`."""
+    flats = [_flat(trial.config) for trial in trials]
+    return sorted(
+        k
+        for k in flats[0]
+        if k not in VECTOR_KEYS and len({json.dumps(f.get(k)) for f in flats}) > 1
+    )
+
+
+def mesh_shape(num_trials: int, num_devices: int, batch_size: int) -> tuple[int, int]:
+    """(trial, data) mesh sizes: trials spread over as many devices as divide them, and the
+    devices left over (as many as divide the batch) data-parallel within each trial."""
+    trial = math.gcd(num_trials, num_devices)
+    rest = num_devices // trial
+    data = max(d for d in range(1, rest + 1) if rest % d == 0 and batch_size % d == 0)
+    return trial, data
+
+
+def _check_trials(trials: Sequence[Trial]) -> None:
+    names = [trial.name for trial in trials]
+    if len(set(names)) < len(names):
+        raise errors.ConfigError(f"trial names must be unique, got {names}")
+    for trial in trials:
+        build.check_config(trial.config)
+    differing = splitting_keys(trials)
+    if differing:
+        raise errors.ConfigError(
+            f"these trials differ in {', '.join(differing)}, which cannot be vectorised "
+            f"(only {', '.join(VECTOR_KEYS)} can); split them with group_trials"
+        )
+    parallel = trials[0].config.parallel
+    if parallel.fsdp != 1 or parallel.tensor != 1 or jax.process_count() > 1:
+        raise errors.ConfigError(
+            "a vectorised sweep shards trials over its own (trial, data) mesh of this process's "
+            "devices: set parallel.fsdp=1 and parallel.tensor=1, run one process, or sweep "
+            "without --vectorize"
+        )
+
+
+def train_trials(trials: Sequence[Trial], directory: str | pathlib.Path) -> list[Outcome]:
+    """Trains `trials` (one group, see `group_trials`) together; resumes from `directory`.
+
+    Returns:
+        One `Outcome` per trial, in order.
+
+    Raises:
+        tfjax.errors.UserError: for configs that cannot be vectorised together, a directory
+            holding another sweep's checkpoints, or a workdir in use.
+    """
+    _check_trials(trials)
+    directory = trainer._make_workdir(pathlib.Path(directory))
+    for trial in trials:
+        trainer._make_workdir(trial.workdir)
+    with contextlib.ExitStack() as stack:
+        for path in (directory, *(trial.workdir for trial in trials)):
+            stack.enter_context(lock.held(path))
+        return _Group(trials, directory).train()
+
+
+class _Group:
+    """The trials' shared model, data, step and checkpoints, and the loop."""
+
+    def __init__(self, trials: Sequence[Trial], directory: pathlib.Path):
+        self.trials, self.directory = list(trials), directory
+        self.config = trials[0].config
+        self.examples = vsweep_state.load_examples(self.trials)
+        vocab = self.examples[self.config.seed].tokenizer.vocab_size
+        self.model_config = build.make_model_config(self.config, vocab)
+        self.model = models.create_model(self.model_config)
+        optim_configs = [build.optim_config(trial.config) for trial in trials]  # checked
+        self.structure = optim.traced_structure(optim_configs)
+        self.hyper = vectorized.stack(
+            [optim.traced_hyper(c, self.structure) for c in optim_configs]
+        )
+        self.seeds = [trial.config.seed for trial in trials]
+        self.shared_batch = len(set(self.seeds)) == 1
+        self.runs = [self._trial_run(trial) for trial in trials]
+        self.placement = vsweep_state.Placement.create(
+            len(trials), self.config.train.global_batch_size, shared_batch=self.shared_batch
+        )
+        self.step_fn = self._compile()
+
+    def _trial_run(self, trial: Trial) -> build.Run:
+        """What `evaluator.evaluate` needs of one trial (its data, label smoothing, model)."""
+        eval_step = jax.jit(
+            steps.make_eval_step(
+                self.model,
+                kind=self.model_config.kind,
+                label_smoothing=trial.config.train.label_smoothing,
+            )
+        )
+        return build.Run(
+            config=trial.config,
+            model_config=self.model_config,
+            model=self.model,
+            examples=self.examples[trial.config.seed],
+            strategy=None,
+            train_step=None,
+            eval_step=eval_step,
+            abstract_state=None,
+            optimizer=None,
+            greedy=build.make_greedy(self.model, trial.config.data.max_target_len),
+        )
+
+    def _compile(self):
+        step = vectorized.make_vectorized_train_step(
+            self.model,
+            self.structure,
+            d_model=self.model_config.embed_dim,
+            kind=self.model_config.kind,
+            label_smoothing=self.config.train.label_smoothing,
+            shared_batch=self.shared_batch,
+        )
+        return self.placement.jit(step)
+
+    def initial(self, checkpointer):
+        """(SweepState, dropout keys [T], start step, data_state) restored, or fresh (data_state
+        None). Each trial's keys are those of a run alone with its seed."""
+        keys = [jax.random.split(jax.random.key(seed)) for seed in self.seeds]
+        init_rngs = jnp.stack([k[0] for k in keys])  # [T] keys
+        dropout_rngs = jnp.stack([k[1] for k in keys])
+        abstract, init = vsweep_state.abstract_state(self.runs[0], self.structure, len(self.trials))
+        restored = vsweep_state.restore(checkpointer, self.placement.place_abstract(abstract), self)
+        if restored is not None:
+            log.info("resumed the sweep from %s at step %d", checkpointer.directory, restored.step)
+            return restored.state, restored.rng, restored.step, restored.data_state
+        state = vectorized.SweepState(
+            train=jax.jit(init)(init_rngs), live=jnp.ones(len(self.trials), bool)
+        )
+        return self.placement.put_state(state), dropout_rngs, 0, None
+
+    def train(self) -> list[Outcome]:
+        return _Loop(self).run()
+
+
+class _Loop:
+    """Step, log, evaluate, halve and save on schedule (`trainer._Loop`'s order)."""
+
+    def __init__(self, group: _Group):
+        self.group = group
+        tcfg = group.config.train
+        self.tcfg = tcfg
+        self.iterators = {
+            seed: pipeline.BatchIterator(
+                pipeline.make_host_dataset(
+                    group.examples[seed].train,
+                    global_batch_size=tcfg.global_batch_size,
+                    rows=slice(0, tcfg.global_batch_size),
+                    seed=seed,
+                )
+            )
+            for seed in dict.fromkeys(group.seeds)
+        }
+        self.writers = [logger.MetricWriter(trial.workdir) for trial in group.trials]
+        self.status = ["ok"] * len(group.trials)
+        self.halving = sorted(group.config.sweep.halving_steps)
+
+    def _batch(self):
+        batches = {seed: next(it) for seed, it in self.iterators.items()}
+        if self.group.shared_batch:
+            return self.group.placement.put_batch(batches[self.group.seeds[0]])
+        rows = [batches[seed] for seed in self.group.seeds]
+        return self.group.placement.put_batch(jax.tree.map(lambda *x: np.stack(x), *rows))
+
+    def run(self) -> list[Outcome]:
+        group, tcfg = self.group, self.tcfg
+        with checkpointing.Checkpointer(
+            group.directory / "checkpoints", max_to_keep=tcfg.keep_checkpoints
+        ) as checkpointer:
+            state, rngs, start, data_states = group.initial(checkpointer)
+            if data_states is not None:
+                for seed, iterator in self.iterators.items():
+                    iterator.set_state(data_states["iterators"][str(seed)])
+                self.status = list(data_states["status"])
+            for trial in group.trials:
+                (trial.workdir / "config.json").write_text(
+                    json.dumps(build.config_dict(trial.config), indent=2)
+                )
+            with trainer._Preemption() as preemption:
+                state, step = self._steps(state, rngs, start, preemption, checkpointer)
+            if preemption.requested:
+                log.warning("stopped at step %d by SIGTERM; rerun the same command to resume", step)
+                return [Outcome("preempted", {}) for _ in group.trials]
+            if checkpointer.latest_step() != step:
+                self._save(checkpointer, state, rngs, step)
+        return self._finish(state, step)
+
+    def _steps(self, state, rngs, start, preemption, checkpointer):
+        tcfg, group = self.tcfg, self.group
+        progress = logger.Progress(tcfg.num_train_steps, initial_step=start)
+        pending, t0, step = [], time.perf_counter(), start
+        while step < tcfg.num_train_steps and not preemption.requested:
+            state, metrics = group.step_fn(state, self._batch(), rngs, group.hyper)
+            step += 1
+            preemption.check(step)
+            if step == start + 1:
+                jax.block_until_ready(metrics)
+                t0 = time.perf_counter()
+            pending.append(metrics)
+            if step % tcfg.log_every_steps == 0 or step == tcfg.num_train_steps:
+                untimed = 1 if len(pending) == step - start else 0
+                self._log(progress, pending, step, time.perf_counter() - t0, untimed)
+                pending, t0 = [], time.perf_counter()
+            if tcfg.eval_every_steps and step % tcfg.eval_every_steps == 0:
+                t0 += self._evaluate(state, step)
+            if step in self.halving:
+                state = self._halve(state, step)
+            if step % tcfg.checkpoint_every_steps == 0 or preemption.requested:
+                self._save(checkpointer, state, rngs, step)
+        progress.close()
+        return state, step
+
+    def _log(self, progress, pending, step, elapsed, untimed):
+        fetched = jax.device_get(pending)  # [steps] of {name: [T]}
+        live = np.stack([m["live"] for m in fetched])  # [steps, T]
+        best = None
+        for i, writer in enumerate(self.writers):
+            if self.status[i] != "ok":
+                continue
+            if not live[:, i].all():
+                self._frozen(i, step - len(fetched) + 1 + int(np.argmin(live[:, i])), fetched)
+                continue
+            summary = _trial_summary(
+                [{k: v[i] for k, v in m.items()} for m in fetched], elapsed, untimed
+            )
+            writer.write(step, "train", summary)
+            best = summary if best is None or summary["loss"] < best["loss"] else best
+        if best is not None:
+            progress.update(step, best)
+
+    def _frozen(self, index: int, step: int, fetched) -> None:
+        self.status[index] = f"frozen at step {step} (non-finite loss)"
+        loss = [float(m["loss_sum"][index]) for m in fetched]
+        log.warning(
+            "trial %s %s; loss sums %s; the others go on",
+            self.group.trials[index].name,
+            self.status[index],
+            loss,
+        )
+
+    def _evaluate(self, state, step: int) -> float:
+        begin = time.perf_counter()
+        for i, (run, writer) in enumerate(zip(self.group.runs, self.writers, strict=True)):
+            if self.status[i] == "ok":
+                params = self.group.placement.trial_params(state, i)
+                result = evaluator.evaluate(run, params, max_examples=self.tcfg.max_eval_examples)
+                writer.write(step, "eval", result)
+        return time.perf_counter() - begin
+
+    def _halve(self, state, step: int):
+        """Successive halving: keeps the better half of the live trials by eval loss."""
+        live = [i for i, s in enumerate(self.status) if s == "ok"]
+        losses = {}
+        for i in live:
+            params = self.group.placement.trial_params(state, i)
+            run = self.group.runs[i]
+            losses[i] = evaluator.evaluate(run, params, max_examples=self.tcfg.max_eval_examples)[
+                "loss"
+            ]
+        ranked = sorted(live, key=lambda i: (not math.isfinite(losses[i]), losses[i]))
+        stop = ranked[math.ceil(len(live) / 2) :]
+        for i in stop:
+            self.status[i] = (
+                f"stopped at step {step} (successive halving, eval loss {losses[i]:.4g})"
+            )
+            log.info("trial %s %s", self.group.trials[i].name, self.status[i])
+        mask = np.zeros(len(self.status), bool)
+        mask[stop] = True
+        return vectorized.freeze(state, self.group.placement.put_trials(mask))
+
+    def _save(self, checkpointer, state, rngs, step: int) -> None:
+        data = {str(seed): it.get_state() for seed, it in self.iterators.items()}
+        vsweep_state.save(checkpointer, self.group, state, rngs, step, data, self.status)
+
+    def _finish(self, state, step: int) -> list[Outcome]:
+        outcomes = []
+        for i, (trial, run, writer) in enumerate(
+            zip(self.group.trials, self.group.runs, self.writers, strict=True)
+        ):
+            result = evaluator.evaluate(run, self.group.placement.trial_params(state, i))
+            writer.write(step, "final_eval", result)
+            writer.write_hparams(hparams(trial.config), result, step)
+            writer.close()
+            outcomes.append(Outcome(self.status[i], result))
+        return outcomes
+
+
+def _trial_summary(pending: list[dict], elapsed: float, untimed: int) -> dict[str, float]:
+    """One trial's train record over the steps since the last log, as `trainer._log_train`
+    writes it for a run alone."""
+    stacked = {k: np.stack([m[k] for m in pending]) for k in pending[0] if k != "live"}
+    sums = evaluator.host_sum(stacked, across_hosts=False)
+    timed = evaluator.host_sum({"w": stacked["weight_sum"][untimed:]}, across_hosts=False)["w"]
+    summary = losses.summarize(
+        {k: v for k, v in sums.items() if k not in ("grad_norm", "learning_rate")}
+    )
+    summary["grad_norm"] = sums["grad_norm"] / len(pending)
+    summary["learning_rate"] = float(pending[-1]["learning_rate"])
+    summary["tokens_per_second"] = timed / max(elapsed, 1e-9)
+    summary["steps_per_second"] = (len(pending) - untimed) / max(elapsed, 1e-9)
+    return summary
