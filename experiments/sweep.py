@@ -1,7 +1,7 @@
 """Expand a config's sweep into training runs; print their commands or run them one by one.
 
     python -m experiments.sweep --config=configs/base.py:cpu --sweep=lr \\
-        [--workdir=runs/sweeps] [--print] [--config.train.num_train_steps=500 ...]
+        [--workdir=runs/sweeps] [--print | --plot] [--config.train.num_train_steps=500 ...]
 
 `get_sweep(NAME)` of the config file gives one dict of dotted-key overrides per run (STYLE.md
 §7). Each run trains in `ROOT/NAME/<run name>`, the run name being short and built from its
@@ -14,7 +14,9 @@ against the config before anything starts. `--print` prints one shell-quoted com
 for a cluster launcher. Otherwise the runs go one after another in this process's Python; a
 failed run is recorded and the next one starts. After each run `ROOT/NAME/summary.csv` and
 `summary.md` are rewritten with one row per run: its overrides, status, wall time, and the
-latest evaluation and train metrics from its `metrics.jsonl`. The exit status is 1 when a run
+latest evaluation and train metrics from its `metrics.jsonl`. `--plot` then draws loss curves
+and final metrics against each swept value next to them (`experiments.plot`, which needs the
+`plot` extra; checked before the first run starts). The exit status is 1 when a run
 failed, 2 (with one line `error: ...`) when the sweep itself cannot start (an unknown sweep, a
 bad override). Rerunning the same sweep resumes each run from its checkpoints.
 """
@@ -32,7 +34,7 @@ from collections.abc import Mapping, Sequence
 
 from absl import flags
 
-from experiments import cli, config_utils
+from experiments import cli, config_utils, plot
 from tfjax.training import logger
 
 FLAGS = flags.FLAGS
@@ -251,6 +253,10 @@ def run_all(runs: Sequence[Run], directory: str | pathlib.Path) -> list[dict[str
 def main(argv: Sequence[str], overrides: Sequence[str]) -> int:
     """Prints or runs the sweep; returns 1 when a run failed."""
     cli.no_arguments(argv)
+    if FLAGS.plot:
+        if FLAGS.print:
+            raise cli.UsageError("--plot needs the runs' metrics: drop --print or --plot")
+        plot.require_matplotlib()  # fail now, not after the last run
     runs = expand(FLAGS.config, FLAGS.sweep, overrides, FLAGS.workdir)
     if FLAGS.print:
         for run in runs:
@@ -263,6 +269,9 @@ def main(argv: Sequence[str], overrides: Sequence[str]) -> int:
         f"summary: {directory / 'summary.md'} ({len(rows) - len(failed)} ok, "
         f"{len(failed)} failed{': ' + ', '.join(map(str, failed)) if failed else ''})"
     )
+    if FLAGS.plot:
+        for path in plot.plot_sweep(directory):
+            print(f"plot: {path}")
     return 1 if failed else 0
 
 
@@ -277,6 +286,9 @@ def _define_flags() -> None:
     flags.DEFINE_string("sweep", None, "Name passed to the config file's get_sweep().")
     flags.DEFINE_string("workdir", DEFAULT_ROOT, "Root; runs go to ROOT/SWEEP/RUN.")
     flags.DEFINE_bool("print", False, "Print one command per run and exit.")
+    flags.DEFINE_bool(
+        "plot", False, "After the runs, draw curves and final metrics (experiments.plot)."
+    )
     flags.mark_flags_as_required(["config", "sweep"])
 
 

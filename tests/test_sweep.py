@@ -236,3 +236,53 @@ def test_run_all_continues_past_failures(spec, tmp_path, monkeypatch, capsys):
         table = list(csv.DictReader(handle))
     assert [row["status"] for row in table] == ["ok", "failed (exit 3)"]
     assert "[2/2] lr2.0" in capsys.readouterr().out
+
+
+# Runs a sweep in which FAKE_TRAIN (argv[1]) replaces experiments.train; argv[2:] are its flags.
+SWEEP_WITH_FAKE_TRAIN = textwrap.dedent("""
+    import sys
+    from experiments import cli, sweep
+    def fake_command(spec, workdir, overrides):
+        return [sys.executable, "-c", sys.argv[1], str(workdir), *overrides]
+    sweep.build_command = fake_command
+    sweep._define_flags()
+    cli.main(sweep.main, config_overrides=True, argv=["sweep", *sys.argv[2:]])
+""")
+
+
+def test_plot_flag_draws_the_sweep_after_the_runs(spec, tmp_path):
+    flags = [f"--config={spec}", "--sweep=lr", f"--workdir={tmp_path}", "--plot"]
+    result = subprocess.run(
+        [sys.executable, "-c", SWEEP_WITH_FAKE_TRAIN, FAKE_TRAIN, *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr  # lr2.0 fails
+    plots = [line for line in result.stdout.splitlines() if line.startswith("plot: ")]
+    names = ["curves.png", "final_vs_optim.learning_rate.png"]
+    assert plots == [f"plot: {tmp_path / 'lr' / name}" for name in names]
+    assert all((tmp_path / "lr" / name).stat().st_size > 0 for name in names)
+
+
+def test_plot_and_print_exclude_each_other(spec, tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.sweep",
+            f"--config={spec}",
+            "--sweep=lr",
+            "--print",
+            "--plot",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "error: --plot needs the runs' metrics: drop --print or --plot"
+    ]
