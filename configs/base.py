@@ -18,6 +18,9 @@ Sweeps (`python -m experiments.sweep --config=configs/base.py:cpu --sweep=NAME`)
   lr       optim.learning_rate in (0.5, 1, 2)
   layers   model.num_layers = model.num_decoder_layers in (1, 2, 3)
   dropout  model.dropout_rate in (0, 0.1, 0.3)
+  peak_lr  optim.learning_rate in (5e-4, ..., 1.6e-2), doubling: the cpu preset's peak LR;
+           vectorised: python -m experiments.sweep --config=configs/base.py:cpu \
+               --sweep=peak_lr --vectorize --plot
 """
 
 from configs import common
@@ -54,6 +57,9 @@ SWEEPS = {
     "lr": [{"optim.learning_rate": v} for v in (0.5, 1.0, 2.0)],
     "layers": [{"model.num_layers": n, "model.num_decoder_layers": n} for n in (1, 2, 3)],
     "dropout": [{"model.dropout_rate": v} for v in (0.0, 0.1, 0.3)],
+    # Peak learning rates of the cpu preset's cosine schedule (4e-3 is the preset's), for
+    # --vectorize: one shape, so the six trials train as one program.
+    "peak_lr": [{"optim.learning_rate": v} for v in (5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)],
 }
 
 

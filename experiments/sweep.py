@@ -32,13 +32,16 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+import ml_collections
 from absl import flags
 
 from experiments import cli, config_utils, plot
+from tfjax import errors
 from tfjax.training import logger
 
 FLAGS = flags.FLAGS
 DEFAULT_ROOT = "runs/sweeps"
+VECTORIZED_PREFIX = "_vectorized-"  # ROOT/SWEEP/_vectorized-K: group K's checkpoints
 TRAIN_MODULE = "experiments.train"
 # Short names for common fields in run names; other fields use their last key component.
 ABBREVIATIONS = {
@@ -71,12 +74,14 @@ class Run:
         workdir: the run's workdir, `ROOT/SWEEP/name`.
         overrides: the run's own dotted-key overrides, as returned by `get_sweep`.
         command: argv of the training command (starting with "python").
+        config: the run's resolved config.
     """
 
     name: str
     workdir: pathlib.Path
     overrides: dict[str, object]
     command: list[str]
+    config: ml_collections.ConfigDict | None = None
 
 
 def format_value(value: object) -> str:
@@ -162,10 +167,10 @@ def expand(
     runs = []
     for name, overrides in zip(run_names(sweep), sweep, strict=True):
         own = [f"{key}={format_value(value)}" for key, value in overrides.items()]
-        config_utils.load_config(spec, [*common_overrides, *own])
+        config = config_utils.load_config(spec, [*common_overrides, *own])
         workdir = directory / name
         command = build_command(spec, workdir, [*common_overrides, *own])
-        runs.append(Run(name, workdir, dict(overrides), command))
+        runs.append(Run(name, workdir, dict(overrides), command, config))
     return runs
 
 
@@ -250,8 +255,84 @@ def run_all(runs: Sequence[Run], directory: str | pathlib.Path) -> list[dict[str
     return rows
 
 
+def group_directory(directory: str | pathlib.Path, index: int) -> pathlib.Path:
+    """Where vectorised group `index` (from 0) of a sweep keeps its checkpoints."""
+    return pathlib.Path(directory) / f"{VECTORIZED_PREFIX}{index}"
+
+
+def vectorized_groups(runs: Sequence[Run]) -> list[list]:
+    """The runs as `tfjax.runs.vsweep.Trial`s, in groups that each train as one vectorised
+    program (imported here: the sequential sweep never imports JAX)."""
+    from tfjax.runs import vsweep
+
+    trials = [vsweep.Trial(run.name, run.config, run.workdir) for run in runs]
+    return vsweep.group_trials(trials)
+
+
+def run_vectorized(runs: Sequence[Run], directory: str | pathlib.Path) -> list[dict[str, object]]:
+    """Trains each group of `vectorized_groups` as one program, one group after another.
+
+    A group that cannot start (a bad value, a workdir in use) fails its runs and the next
+    group starts. Rows are in the sweep's order; `seconds` is the group's wall time.
+
+    Returns:
+        The summary rows; `status` is "ok", "frozen at step N (non-finite loss)", "stopped at
+        step N (successive halving ...)" or "failed (...)".
+    """
+    from tfjax.runs import vsweep
+
+    groups = vectorized_groups(runs)
+    if len(groups) > 1:
+        keys = vsweep.splitting_keys([trial for group in groups for trial in group])
+        print(
+            f"the runs differ in {', '.join(keys)}, which vectorised trials must share: "
+            f"{len(groups)} groups, each one vectorised program, trained one after another"
+        )
+    by_name = {run.name: run for run in runs}
+    rows: dict[str, dict[str, object]] = {}
+    for index, group in enumerate(groups):
+        names = [trial.name for trial in group]
+        print(f"[group {index + 1}/{len(groups)}] {len(group)} trials: {', '.join(names)}")
+        start = time.perf_counter()
+        try:
+            statuses = [
+                o.status for o in vsweep.train_trials(group, group_directory(directory, index))
+            ]
+        except errors.UserError as err:
+            statuses = [f"failed ({err})"] * len(group)
+        seconds = time.perf_counter() - start
+        for name, status in zip(names, statuses, strict=True):
+            rows[name] = summary_row(by_name[name], status, seconds)
+        write_summary([rows[r.name] for r in runs if r.name in rows], directory)
+    return [rows[run.name] for run in runs]
+
+
+def extract(runs: Sequence[Run], directory: str | pathlib.Path, name: str) -> int:
+    """Writes run `name` of a vectorised sweep as an ordinary checkpoint in its workdir;
+    returns the step (`tfjax.runs.vsweep_state.extract`)."""
+    from tfjax.runs import vsweep_state
+
+    for index, group in enumerate(vectorized_groups(runs)):
+        for trial in group:
+            if trial.name == name:
+                return vsweep_state.extract(group_directory(directory, index), trial.workdir)
+    names = ", ".join(run.name for run in runs)
+    raise errors.ConfigError(
+        f"--extract={name}: the sweep has no run of that name; its runs: {names}"
+    )
+
+
+def _failed(rows: Sequence[Mapping[str, object]]) -> list[str]:
+    """Runs that failed or went non-finite (a trial stopped by halving did not fail)."""
+    return [
+        str(r["run"])
+        for r in rows
+        if r["status"] != "ok" and not str(r["status"]).startswith("stopped")
+    ]
+
+
 def main(argv: Sequence[str], overrides: Sequence[str]) -> int:
-    """Prints or runs the sweep; returns 1 when a run failed."""
+    """Prints, runs (one by one or vectorised) or extracts the sweep; 1 when a run failed."""
     cli.no_arguments(argv)
     if FLAGS.plot:
         if FLAGS.print:
@@ -263,8 +344,17 @@ def main(argv: Sequence[str], overrides: Sequence[str]) -> int:
             print(shlex.join(run.command))
         return 0
     directory = pathlib.Path(FLAGS.workdir) / FLAGS.sweep
-    rows = run_all(runs, directory)
-    failed = [row["run"] for row in rows if row["status"] != "ok"]
+    if FLAGS.extract:
+        step = extract(runs, directory, FLAGS.extract)
+        workdir = next(run.workdir for run in runs if run.name == FLAGS.extract)
+        print(
+            f"wrote step {step} of {FLAGS.extract} to {workdir / 'checkpoints'}: "
+            "an ordinary workdir"
+        )
+        return 0
+    vectorize = FLAGS.vectorize or runs[0].config.sweep.vectorize
+    rows = run_vectorized(runs, directory) if vectorize else run_all(runs, directory)
+    failed = _failed(rows)
     print(
         f"summary: {directory / 'summary.md'} ({len(rows) - len(failed)} ok, "
         f"{len(failed)} failed{': ' + ', '.join(map(str, failed)) if failed else ''})"
@@ -286,6 +376,16 @@ def _define_flags() -> None:
     flags.DEFINE_string("sweep", None, "Name passed to the config file's get_sweep().")
     flags.DEFINE_string("workdir", DEFAULT_ROOT, "Root; runs go to ROOT/SWEEP/RUN.")
     flags.DEFINE_bool("print", False, "Print one command per run and exit.")
+    flags.DEFINE_bool(
+        "vectorize",
+        False,
+        "Train the runs that share a model shape as one vmapped program (sweep.vectorize).",
+    )
+    flags.DEFINE_string(
+        "extract",
+        None,
+        "Write run NAME of a vectorised sweep as an ordinary checkpoint in its workdir.",
+    )
     flags.DEFINE_bool(
         "plot", False, "After the runs, draw curves and final metrics (experiments.plot)."
     )

@@ -2,7 +2,8 @@
 
 Prints one JSON line per sub-benchmark (`train`, `decode`, `attention`, `depth`; see their
 modules in `experiments/bench/`). `--bench=depth --repeats=3` compares compile time and memory
-of 6 and 24 layers, scanned or not, per remat policy (minutes on a 2-core CPU).
+of 6 and 24 layers, scanned or not, per remat policy (minutes on a 2-core CPU). `--bench=sweep
+--repeats=3` times 8 trials one after another against one vectorised program (`sweep.py`).
 `--shape=large --dtype=bfloat16` is the accelerator benchmark;
 `--peer=torch` (needs the `parity` extra: `pip install -e ".[parity]"`) times torch.nn.Transformer
 beside tfjax's train step, in alternating pairs. Where JAX computes on the CPU alone the harness

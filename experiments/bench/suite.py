@@ -11,9 +11,18 @@ import os
 from collections.abc import Iterator
 
 from experiments import cli
-from experiments.bench import attention, decode, depth, environment, torch_peer, train, workload
+from experiments.bench import (
+    attention,
+    decode,
+    depth,
+    environment,
+    sweep,
+    torch_peer,
+    train,
+    workload,
+)
 
-BENCHES = ("train", "decode", "attention", "depth")
+BENCHES = ("train", "decode", "attention", "depth", "sweep")
 PEERS = ("torch",)
 
 
@@ -89,6 +98,7 @@ def run(
         "depth": lambda repeats, _, dtype: depth.bench_depth(
             repeats, requested_batch, dtype, warmup=warmup
         ),
+        "sweep": lambda repeats, _, dtype: sweep.bench_sweep(repeats, dtype),
     }
     for name in benches:
         result = runners[name](repeats, batch, dtype)

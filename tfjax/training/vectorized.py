@@ -46,7 +46,7 @@ def unstack(tree: Any, index: int) -> Any:
     return jax.tree.map(lambda leaf: leaf[index], tree)
 
 
-def freeze(state: SweepState, trials: jax.Array) -> SweepState:
+def freeze(state: SweepState, trials: Any) -> SweepState:
     """`state` with the trials where `trials` (bool [T]) is True frozen."""
     return state.replace(live=state.live & ~trials)
 

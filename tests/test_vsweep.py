@@ -1,0 +1,418 @@
+"""Vectorised sweeps (tfjax.runs.vsweep): each trial of one vmapped program equals the trial
+trained alone; sharding, resume, NaN freezing, successive halving, extract, bad input.
+
+The reference for "alone" is `experiments.train`'s loop in mode "sharded" (one jitted program,
+like the sweep): mode "pmap" folds the device index into the dropout key, so its masks differ.
+"""
+
+import json
+import math
+import pathlib
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from experiments import config_utils
+from tfjax import errors
+from tfjax.data import pipeline
+from tfjax.runs import build, lock, trainer, vsweep, vsweep_state
+from tfjax.training import logger, optim, vectorized
+
+SPEC = "configs/base.py:tiny"
+STEPS = 8
+RTOL, ATOL = 1e-5, 1e-5  # as tests/test_multihost.py: another reduction order, ~2e-6
+COMMON = [
+    "data.name=reverse",
+    "data.num_train_examples=96",
+    "data.num_eval_examples=8",
+    "data.task_max_len=6",
+    "data.max_source_len=8",
+    "data.max_target_len=8",
+    "model.dropout_rate=0.1",  # dropout on: each trial must draw its own masks
+    # A key bias does not change attention (softmax is shift-invariant), so its gradient is
+    # rounding noise that Adam scales up to full steps: it differs between any two programs.
+    "model.use_bias=false",
+    f"train.num_train_steps={STEPS}",
+    "train.log_every_steps=2",
+    "train.eval_every_steps=4",
+    "train.checkpoint_every_steps=4",
+    "train.keep_checkpoints=4",
+]
+# Four trials that differ in every kind of vectorised hyperparameter, two seeds among them
+# (so two data orders and per-trial batches), three schedules, Adam and AdamW, clipping on one.
+TRIALS = {
+    "paper": ["optim.learning_rate=2.0"],
+    "clip": ["optim.learning_rate=1.0", "optim.b2=0.99", "optim.grad_clip_norm=0.5"],
+    "adamw": [
+        "optim.optimizer=adamw",
+        "optim.weight_decay=0.1",
+        "optim.schedule=constant",
+        "optim.learning_rate=0.003",
+        "optim.warmup_steps=3",
+        "seed=1",
+    ],
+    "cosine": [
+        "optim.schedule=cosine",
+        "optim.learning_rate=0.004",
+        "optim.warmup_steps=2",
+        "optim.eps=1e-6",
+        "optim.b1=0.8",
+        "seed=1",
+    ],
+}
+
+
+def _config(*overrides):
+    return config_utils.load_config(SPEC, [*COMMON, *overrides])
+
+
+def _trials(root: pathlib.Path, trials=None, *extra):
+    trials = TRIALS if trials is None else trials
+    return [
+        vsweep.Trial(name, _config(*overrides, *extra), root / name)
+        for name, overrides in trials.items()
+    ]
+
+
+def _params(config, workdir):
+    return jax.device_get(build.restore(config, workdir)[1].state.params)
+
+
+def _extracted_params(trials, group_dir):
+    out = {}
+    for trial in trials:
+        vsweep_state.extract(group_dir, trial.workdir)
+        out[trial.name] = _params(trial.config, trial.workdir)
+    return out
+
+
+def _assert_close_trees(a, b):
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=RTOL, atol=ATOL), a, b)
+
+
+_COMPARED = ("loss", "nll", "accuracy", "grad_norm", "learning_rate")
+
+
+def _metric_rows(workdir, kind):
+    rows = logger.read_metrics(workdir, kind)
+    return [(r["step"], [r[k] for k in _COMPARED if k in r]) for r in rows]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """The four trials trained once vectorised (8 devices: trials 4 x data 2) and once each
+    alone."""
+    root = tmp_path_factory.mktemp("vsweep")
+    trials = _trials(root / "sweep")
+    outcomes = vsweep.train_trials(trials, root / "sweep" / "group")
+    alone = {}
+    for trial in trials:
+        config = _config(*TRIALS[trial.name], "parallel.mode=sharded")
+        trainer.train_and_evaluate(config, root / "alone" / trial.name)
+        alone[trial.name] = _params(config, root / "alone" / trial.name)
+    vectorised = _extracted_params(trials, root / "sweep" / "group")
+    return {"root": root, "trials": trials, "outcomes": outcomes, "alone": alone, "vec": vectorised}
+
+
+def test_the_four_trials_are_one_group_on_a_trial_by_data_mesh(sweep):
+    assert len(vsweep.group_trials(sweep["trials"])) == 1
+    placement = vsweep_state.Placement.create(4, 8, shared_batch=False)
+    assert dict(placement.mesh.shape) == {"trial": 4, "data": 2}
+    assert [o.status for o in sweep["outcomes"]] == ["ok"] * 4
+
+
+def test_each_trial_ends_with_the_parameters_of_the_trial_trained_alone(sweep):
+    for name in TRIALS:
+        _assert_close_trees(sweep["vec"][name], sweep["alone"][name])
+    # and the trials really differ from each other
+    a, b = sweep["vec"]["paper"], sweep["vec"]["clip"]
+    gaps = [float(np.abs(x - y).max()) for x, y in zip(*map(jax.tree.leaves, (a, b)), strict=True)]
+    assert max(gaps) > 1e-3
+
+
+def test_each_trial_logs_the_metrics_of_the_trial_trained_alone(sweep):
+    for name in TRIALS:
+        vec_dir, alone_dir = sweep["root"] / "sweep" / name, sweep["root"] / "alone" / name
+        for kind in ("train", "eval", "final_eval"):
+            vec, alone = _metric_rows(vec_dir, kind), _metric_rows(alone_dir, kind)
+            assert [s for s, _ in vec] == [s for s, _ in alone] and vec, (name, kind)
+            np.testing.assert_allclose([v for _, v in vec], [v for _, v in alone], rtol=1e-5)
+
+
+def test_each_trial_workdir_is_an_ordinary_run_with_hparams(sweep):
+    for trial in sweep["trials"]:
+        saved = json.loads((trial.workdir / "config.json").read_text())
+        assert saved == build.config_dict(trial.config)
+        assert (trial.workdir / "tokenizer.json").exists() or list(trial.workdir.glob("*.model"))
+        assert list((trial.workdir / "tensorboard" / "hparams").glob("events.out.tfevents.*"))
+    hparams = vsweep.hparams(sweep["trials"][2].config)
+    assert hparams["optim.optimizer"] == "adamw" and hparams["seed"] == 1
+
+
+def test_an_extracted_trial_resumes_in_experiments_train(sweep, tmp_path):
+    trial = sweep["trials"][0]
+    config = _config(*TRIALS[trial.name], "train.num_train_steps=10", "parallel.mode=sharded")
+    trainer.train_and_evaluate(config, trial.workdir)  # resumes at 8, trains 2 more
+    assert logger.read_metrics(trial.workdir, "train")[-1]["step"] == 10
+    longer = _config(*TRIALS[trial.name], "train.num_train_steps=10", "parallel.mode=sharded")
+    trainer.train_and_evaluate(longer, tmp_path / "straight")
+    # the paper schedule does not depend on num_train_steps: 10 straight steps are the same
+    _assert_close_trees(_params(config, trial.workdir), _params(longer, tmp_path / "straight"))
+
+
+def test_a_sweep_without_a_mesh_equals_the_sharded_one(sweep, tmp_path, monkeypatch):
+    monkeypatch.setattr(vsweep, "mesh_shape", lambda *args: (1, 1))
+    trials = _trials(tmp_path)
+    vsweep.train_trials(trials, tmp_path / "group")
+    for name, params in _extracted_params(trials, tmp_path / "group").items():
+        _assert_close_trees(params, sweep["vec"][name])
+
+
+def test_a_killed_sweep_resumes_to_the_same_result(sweep, tmp_path, monkeypatch):
+    trials = _trials(tmp_path)
+    original = pipeline.BatchIterator.__next__
+    calls = {"n": 0}
+
+    def crash_after_six_steps(self):  # two seeds: two iterators, two calls per step
+        calls["n"] += 1
+        if calls["n"] > 2 * 6:
+            raise KeyboardInterrupt("simulated kill")
+        return original(self)
+
+    monkeypatch.setattr(pipeline.BatchIterator, "__next__", crash_after_six_steps)
+    with pytest.raises(KeyboardInterrupt):
+        vsweep.train_trials(trials, tmp_path / "group")
+    monkeypatch.setattr(pipeline.BatchIterator, "__next__", original)
+    assert lock.read_holder(tmp_path / "group") is None
+    vsweep.train_trials(trials, tmp_path / "group")  # restores step 4, replays 5..8
+    for name, params in _extracted_params(trials, tmp_path / "group").items():
+        jax.tree.map(np.testing.assert_array_equal, params, sweep["vec"][name])
+
+
+def test_a_trial_whose_loss_goes_nan_is_frozen_and_the_others_go_on(sweep, tmp_path):
+    trials = _trials(
+        tmp_path,
+        {
+            "paper": TRIALS["paper"],
+            "nan": ["optim.schedule=constant", "optim.learning_rate=1e30", "optim.warmup_steps=0"],
+        },
+    )
+    outcomes = vsweep.train_trials(trials, tmp_path / "group")
+    assert outcomes[0].status == "ok"
+    assert outcomes[1].status.startswith("frozen at step ") and "non-finite" in outcomes[1].status
+    frozen_at = int(outcomes[1].status.split()[3])
+    params = _extracted_params(trials, tmp_path / "group")
+    _assert_close_trees(params["paper"], sweep["vec"]["paper"])
+    assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params["nan"]))
+    steps = [r["step"] for r in logger.read_metrics(tmp_path / "nan", "train")]
+    assert all(step < frozen_at for step in steps)  # no train record after the freeze
+
+
+def test_successive_halving_stops_the_worse_half_at_the_given_step(tmp_path):
+    trials = _trials(tmp_path, None, "sweep.halving_steps=4", "train.eval_every_steps=0")
+    outcomes = vsweep.train_trials(trials, tmp_path / "group")
+    stopped = [o for o in outcomes if o.status.startswith("stopped at step 4")]
+    assert len(stopped) == 2 and sum(o.status == "ok" for o in outcomes) == 2
+    loss = lambda o: float(o.status.rsplit(" ", 1)[1].rstrip(")"))  # noqa: E731
+    kept_names = [t.name for t, o in zip(trials, outcomes, strict=True) if o.status == "ok"]
+    assert kept_names and min(loss(o) for o in stopped) >= 0
+    for trial, outcome in zip(trials, outcomes, strict=True):
+        last = logger.read_metrics(trial.workdir, "train")[-1]["step"]
+        assert last == (4 if outcome.status != "ok" else STEPS)
+
+
+def test_mesh_shape_spreads_trials_then_data():
+    assert vsweep.mesh_shape(16, 8, 64) == (8, 1)
+    assert vsweep.mesh_shape(4, 8, 64) == (4, 2)
+    assert vsweep.mesh_shape(3, 8, 64) == (1, 8)
+    assert vsweep.mesh_shape(4, 8, 6) == (4, 2)
+    assert vsweep.mesh_shape(1, 8, 3) == (1, 1)
+
+
+def test_trials_of_different_shapes_split_into_groups_and_are_refused_together(tmp_path):
+    trials = _trials(
+        tmp_path,
+        {"a": ["model.num_layers=1"], "b": ["model.num_layers=2"], "c": ["model.num_layers=1"]},
+    )
+    groups = vsweep.group_trials(trials)
+    assert [[t.name for t in g] for g in groups] == [["a", "c"], ["b"]]
+    assert vsweep.splitting_keys(trials) == ["model.num_layers"]
+    with pytest.raises(errors.ConfigError, match=r"differ in model\.num_layers.*cannot be vect"):
+        vsweep.train_trials(trials, tmp_path / "group")
+
+
+def test_bad_sweeps_are_one_line_errors(sweep, tmp_path):
+    with pytest.raises(errors.ConfigError, match=r"parallel\.fsdp=1"):
+        fsdp = {"a": ["parallel.mode=sharded", "parallel.fsdp=2"]}
+        vsweep.train_trials(_trials(tmp_path, fsdp), tmp_path / "g")
+    with pytest.raises(errors.ConfigError, match="unique"):
+        vsweep.train_trials([*_trials(tmp_path, {"a": []})] * 2, tmp_path / "g")
+    other = _trials(tmp_path, {"x": [], "y": []})
+    with pytest.raises(errors.CheckpointError, match="use another --workdir"):
+        vsweep.train_trials(other, sweep["root"] / "sweep" / "group")
+    with pytest.raises(errors.CheckpointError, match="run the vectorised sweep first"):
+        vsweep_state.extract(tmp_path / "nothing", sweep["trials"][0].workdir)
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    (stranger / "config.json").write_text(json.dumps(build.config_dict(_config("seed=7"))))
+    with pytest.raises(errors.CheckpointError, match="is not a trial of the sweep"):
+        vsweep_state.extract(sweep["root"] / "sweep" / "group", stranger)
+
+
+# -- the traced optimizer against make_optimizer, and freezing, without a model ------------
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"schedule": "rsqrt", "learning_rate": 0.01, "warmup_steps": 3},
+        {"schedule": "cosine", "learning_rate": 0.01, "warmup_steps": 2, "decay_steps": 6},
+        {
+            "schedule": "cosine",
+            "learning_rate": 0.01,
+            "warmup_steps": 0,
+            "decay_steps": 6,
+            "end_lr_fraction": 0.1,
+        },
+        {"schedule": "constant", "learning_rate": 0.02, "warmup_steps": 0},
+        {
+            "optimizer": "adamw",
+            "weight_decay": 0.3,
+            "schedule": "constant",
+            "learning_rate": 0.1,
+            "warmup_steps": 2,
+        },
+        {"grad_clip_norm": 0.05, "b1": 0.5, "b2": 0.9, "eps": 1e-3, "warmup_steps": 2},
+        {"grad_accum_steps": 2, "warmup_steps": 2},
+    ],
+)
+def test_traced_optimizer_updates_equal_make_optimizer(fields):
+    mixed = optim.OptimConfig(
+        optimizer="adamw",
+        grad_clip_norm=1.0,
+        schedule="constant",
+        learning_rate=1e-3,
+        warmup_steps=0,
+        grad_accum_steps=fields.get("grad_accum_steps", 1),
+    )
+    config = optim.OptimConfig(**fields)
+    structure = optim.traced_structure([mixed, config])  # adamw and clipping for both
+    hyper = optim.traced_hyper(config, structure)
+    reference, ref_schedule = optim.make_optimizer(config, d_model=16)
+    traced, schedule = optim.traced_optimizer(hyper, structure, 16)
+    params = {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)}
+    ref_state, state = reference.init(params), traced.init(params)
+    for step in range(6):
+        grads = {"w": np.cos(np.arange(12, dtype=np.float32) * (step + 1)).reshape(3, 4)}
+        ref_updates, ref_state = reference.update(grads, ref_state, params)
+        updates, state = jax.jit(traced.update)(grads, state, params)
+        np.testing.assert_allclose(updates["w"], ref_updates["w"], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(schedule(step), ref_schedule(step), rtol=1e-6)
+        params = optax.apply_updates(params, ref_updates)
+
+
+def test_traced_structure_refuses_a_field_that_cannot_be_vectorised():
+    a = optim.OptimConfig(grad_accum_steps=1)
+    b = optim.OptimConfig(grad_accum_steps=2)
+    with pytest.raises(errors.ConfigError, match="grad_accum_steps differs"):
+        optim.traced_structure([a, b])
+
+
+def test_freeze_and_stack_round_trip():
+    trees = [{"a": np.full(3, i, np.float32)} for i in range(4)]
+    stacked = vectorized.stack(trees)
+    assert stacked["a"].shape == (4, 3)
+    np.testing.assert_array_equal(vectorized.unstack(stacked, 2)["a"], trees[2]["a"])
+    state = vectorized.SweepState(train=stacked, live=np.array([True, True, False, True]))
+    frozen = vectorized.freeze(state, np.array([True, False, False, False]))
+    np.testing.assert_array_equal(frozen.live, [False, True, False, True])
+    assert math.isfinite(float(np.sum(stacked["a"])))
+
+
+# -- experiments.sweep: --vectorize, groups, --extract --------------------------------------
+
+
+def test_run_vectorized_trains_groups_in_turn_and_keeps_the_sweep_order(
+    tmp_path, monkeypatch, capsys
+):
+    from experiments import sweep as sweep_cli
+
+    sweep = [{"model.num_layers": 1}, {"model.num_layers": 2}, {"model.num_layers": 1, "seed": 3}]
+    runs = [
+        sweep_cli.Run(
+            name,
+            tmp_path / name,
+            overrides,
+            [],
+            _config(*(f"{k}={v}" for k, v in overrides.items())),
+        )
+        for name, overrides in zip(("a", "b", "c"), sweep, strict=True)
+    ]
+    trained = []
+
+    def fake_train(trials, directory):
+        trained.append(([t.name for t in trials], directory.name))
+        if len(trials) == 1:
+            raise errors.ConfigError("bad value")
+        return [vsweep.Outcome("ok", {}), vsweep.Outcome("frozen at step 3 (non-finite loss)", {})]
+
+    monkeypatch.setattr(vsweep, "train_trials", fake_train)
+    rows = sweep_cli.run_vectorized(runs, tmp_path)
+    assert trained == [(["a", "c"], "_vectorized-0"), (["b"], "_vectorized-1")]
+    assert [r["run"] for r in rows] == ["a", "b", "c"]
+    assert [r["status"] for r in rows] == [
+        "ok",
+        "failed (bad value)",
+        "frozen at step 3 (non-finite loss)",
+    ]
+    assert sweep_cli._failed(rows) == ["b", "c"]
+    assert "differ in model.num_layers" in capsys.readouterr().out
+    assert (tmp_path / "summary.md").read_text().count("\n") == 5  # header, rule, 3 rows
+
+
+@pytest.mark.slow
+def test_vectorize_extract_and_evaluate_from_the_command_line(tmp_path):
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    common = [f"--config.{o}" for o in COMMON]
+    sweep = [
+        sys.executable,
+        "-m",
+        "experiments.sweep",
+        f"--config={SPEC}",
+        "--sweep=lr",
+        f"--workdir={tmp_path}",
+        *common,
+    ]
+
+    def run(*argv):
+        return subprocess.run(
+            argv, cwd=root, capture_output=True, text=True, timeout=600, check=False
+        )
+
+    result = run(*sweep, "--vectorize", "--plot")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "[group 1/1] 3 trials: lr0.5, lr1.0, lr2.0" in result.stdout
+    summary = (tmp_path / "lr" / "summary.md").read_text()
+    assert summary.count("| ok |") == 3
+    assert (tmp_path / "lr" / "curves.png").exists()
+    result = run(*sweep, "--extract=lr1.0")
+    assert result.returncode == 0 and "wrote step 8 of lr1.0" in result.stdout, result.stderr[
+        -2000:
+    ]
+    evaluated = run(
+        sys.executable, "-m", "experiments.evaluate", f"--workdir={tmp_path / 'lr' / 'lr1.0'}"
+    )
+    assert evaluated.returncode == 0 and "greedy_exact_match" in evaluated.stdout, evaluated.stderr[
+        -2000:
+    ]
+    unknown = run(*sweep, "--extract=lr9")
+    assert (
+        unknown.returncode == 2
+        and "error: --extract=lr9: the sweep has no run of that name" in unknown.stderr
+    )
