@@ -36,7 +36,6 @@ _RUN_COLUMNS = ("run", "status", "seconds")
 _METRIC_PREFIXES = ("eval/", "train/")
 # Final eval metrics plotted against each swept key: loss always, the others when reported.
 FINAL_METRICS = ("loss", "bleu", "exact_match")
-_EVAL_KINDS = ("eval", "final_eval")
 _WIDE_RANGE = 10.0  # log scale when max / min exceeds this
 _INSTALL_HINT = 'pip install -e ".[plot]"'
 
@@ -50,7 +49,9 @@ class RunSeries:
         status: "ok" or "failed (...)", from the summary.
         values: the run's summary cells (swept keys, `eval/loss`, ...) as text.
         train: (steps, losses) of its "train" records that have a loss.
-        eval: (steps, losses) of its "eval" and "final_eval" records that have a loss.
+        eval: (steps, losses) of its "eval" records that have a loss, then its "final_eval"
+            if that comes at a later step (a final evaluation at the step of a periodic one is
+            on another number of examples, so it is not drawn as a point of the same curve).
     """
 
     name: str
@@ -73,6 +74,14 @@ def _loss_curve(records: Sequence[Mapping], kinds: Sequence[str]) -> tuple[list[
     return [step for step, _ in points], [loss for _, loss in points]
 
 
+def _eval_curve(records: Sequence[Mapping]) -> tuple[list[int], list[float]]:
+    steps, losses = _loss_curve(records, ("eval",))
+    for step, loss in zip(*_loss_curve(records, ("final_eval",)), strict=True):
+        if not steps or step > steps[-1]:
+            steps, losses = [*steps, step], [*losses, loss]
+    return steps, losses
+
+
 def collect_runs(
     rows: Sequence[Mapping[str, str]], records: Mapping[str, Sequence[Mapping]]
 ) -> list[RunSeries]:
@@ -86,7 +95,7 @@ def collect_runs(
     for row in rows:
         own = records.get(row["run"], [])
         values = {key: text for key, text in row.items() if key not in ("run", "status")}
-        train, evals = _loss_curve(own, ("train",)), _loss_curve(own, _EVAL_KINDS)
+        train, evals = _loss_curve(own, ("train",)), _eval_curve(own)
         runs.append(RunSeries(row["run"], row["status"], values, train, evals))
     return runs
 

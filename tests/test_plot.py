@@ -81,6 +81,11 @@ def test_collect_runs_takes_curves_and_cells():
     )
     assert not a.failed
     assert b.train == ([], []) and b.eval == ([], []) and b.failed
+    # a final evaluation at the step of a periodic one (other examples) is not on the curve
+    records["a"].append({"kind": "eval", "step": 3, "loss": 1.7})
+    records["a"].append({"kind": "final_eval", "step": 3, "loss": 1.4})
+    again, _ = plot.collect_runs(rows, records)
+    assert again.eval == ([1, 3], [2.5, 1.7])
 
 
 def test_a_nan_loss_counts_as_failed():

@@ -41,10 +41,19 @@ COMMON = [
     "train.keep_checkpoints=4",
 ]
 # Four trials that differ in every kind of vectorised hyperparameter, two seeds among them
-# (so two data orders and per-trial batches), three schedules, Adam and AdamW, clipping on one.
+# (so two data orders and per-trial batches), three schedules, Adam and AdamW, clipping on one,
+# two label smoothings and two dropout rates (both then traced per trial).
 TRIALS = {
-    "paper": ["optim.learning_rate=2.0"],
-    "clip": ["optim.learning_rate=1.0", "optim.b2=0.99", "optim.grad_clip_norm=0.5"],
+    # Learning rates that train without amplifying rounding: Adam turns the noise in a near-zero
+    # gradient into full steps, so a huge rate (the tiny preset's paper scale 1.0 peaks at 0.1
+    # here) makes two reduction orders drift apart by more than 1e-5 in a few elements.
+    "paper": ["optim.learning_rate=0.2"],
+    "clip": [
+        "optim.learning_rate=0.1",
+        "optim.b2=0.99",
+        "optim.grad_clip_norm=0.5",
+        "train.label_smoothing=0.2",
+    ],
     "adamw": [
         "optim.optimizer=adamw",
         "optim.weight_decay=0.1",
@@ -59,6 +68,7 @@ TRIALS = {
         "optim.warmup_steps=2",
         "optim.eps=1e-6",
         "optim.b1=0.8",
+        "model.dropout_rate=0.3",
         "seed=1",
     ],
 }
@@ -129,7 +139,7 @@ def test_each_trial_ends_with_the_parameters_of_the_trial_trained_alone(sweep):
     # and the trials really differ from each other
     a, b = sweep["vec"]["paper"], sweep["vec"]["clip"]
     gaps = [float(np.abs(x - y).max()) for x, y in zip(*map(jax.tree.leaves, (a, b)), strict=True)]
-    assert max(gaps) > 1e-3
+    assert max(gaps) > 1e-4
 
 
 def test_each_trial_logs_the_metrics_of_the_trial_trained_alone(sweep):
@@ -239,6 +249,8 @@ def test_trials_of_different_shapes_split_into_groups_and_are_refused_together(t
     groups = vsweep.group_trials(trials)
     assert [[t.name for t in g] for g in groups] == [["a", "c"], ["b"]]
     assert vsweep.splitting_keys(trials) == ["model.num_layers"]
+    attention = _trials(tmp_path, {"a": [], "b": ["model.attention_dropout_rate=0.1"]})
+    assert len(vsweep.group_trials(attention)) == 2
     with pytest.raises(errors.ConfigError, match=r"differ in model\.num_layers.*cannot be vect"):
         vsweep.train_trials(trials, tmp_path / "group")
 
@@ -247,6 +259,8 @@ def test_bad_sweeps_are_one_line_errors(sweep, tmp_path):
     with pytest.raises(errors.ConfigError, match=r"parallel\.fsdp=1"):
         fsdp = {"a": ["parallel.mode=sharded", "parallel.fsdp=2"]}
         vsweep.train_trials(_trials(tmp_path, fsdp), tmp_path / "g")
+    with pytest.raises(errors.ConfigError, match=r"sweep\.halving_steps must be"):
+        vsweep.train_trials(_trials(tmp_path, {"a": ["sweep.halving_steps=0"]}), tmp_path / "g")
     with pytest.raises(errors.ConfigError, match="unique"):
         vsweep.train_trials([*_trials(tmp_path, {"a": []})] * 2, tmp_path / "g")
     other = _trials(tmp_path, {"x": [], "y": []})
@@ -416,3 +430,48 @@ def test_vectorize_extract_and_evaluate_from_the_command_line(tmp_path):
         unknown.returncode == 2
         and "error: --extract=lr9: the sweep has no run of that name" in unknown.stderr
     )
+
+
+def test_a_traced_label_smoothing_gives_the_loss_and_gradient_of_the_static_one():
+    from tfjax.nn import losses
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 5, 7)).astype(np.float32)
+    targets = jax.numpy.asarray(rng.integers(0, 7, (2, 5)), np.int32)
+    weights = jax.numpy.asarray(rng.random((2, 5)) > 0.2, np.float32)
+
+    def loss(z, eps):
+        return losses.cross_entropy(z, targets, weights, label_smoothing=eps)
+
+    values = (0.0, 0.1, 0.4)
+    traced = jax.jit(jax.vmap(jax.value_and_grad(lambda z, e: loss(z, e)[0]), (None, 0)))
+    traced_loss, traced_grad = traced(logits, np.array(values, np.float32))
+    for i, eps in enumerate(values):
+        static_loss, static_grad = jax.value_and_grad(lambda z, e=eps: loss(z, e)[0])(logits)
+        np.testing.assert_allclose(traced_loss[i], static_loss, rtol=1e-6)
+        np.testing.assert_allclose(traced_grad[i], static_grad, rtol=1e-5, atol=1e-7)
+        # and against the formula: -Σ w Σ_v q_v log p_v minus the targets' entropy
+        logp = jax.nn.log_softmax(logits)
+        q = np.full(logits.shape, eps / 6) + np.eye(7)[targets] * (1 - eps - eps / 6)
+        entropy = -np.sum(np.where(q > 0, q * np.log(np.where(q > 0, q, 1)), 0), -1)
+        expected = np.sum(weights * (-np.sum(q * logp, -1) - entropy))
+        np.testing.assert_allclose(traced_loss[i], expected, rtol=1e-5)
+
+
+def test_dropout_with_a_traced_rate_draws_the_masks_of_the_static_rate():
+    import flax.linen as nn
+
+    from tfjax.nn import layers
+
+    x = jax.numpy.ones((4, 64), np.float32)
+    key = jax.random.key(3)
+
+    def drop(rate, module=layers.Dropout):
+        return module(rate).apply({}, x, deterministic=False, rngs={"dropout": key})
+
+    traced = jax.jit(jax.vmap(drop))(np.array([0.0, 0.25, 0.5], np.float32))
+    for i, rate in enumerate((0.0, 0.25, 0.5)):
+        flax_masks = drop(rate, nn.Dropout)  # the reference: flax's own dropout
+        np.testing.assert_allclose(traced[i], flax_masks, rtol=1e-6)
+        np.testing.assert_array_equal(drop(rate), flax_masks)
+    assert 0.35 < float(np.mean(traced[2] == 0)) < 0.65

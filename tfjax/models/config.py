@@ -6,7 +6,9 @@ frozen. The models that read it are in `encoder_decoder`, `encoder_only` and `de
 """
 
 import dataclasses
+import numbers
 
+import jax
 import jax.numpy as jnp
 
 from tfjax import errors
@@ -47,7 +49,7 @@ class ModelConfig:
     head_dim: int = 0
     mlp_dim: int = 2048
     max_len: int = 512
-    dropout_rate: float = 0.1
+    dropout_rate: float | jax.Array = 0.1  # an Array: traced per trial (vectorised sweeps)
     attention_dropout_rate: float = 0.0
     score: str = "scaled_dot"
     attention_impl: str = "auto"
@@ -194,6 +196,8 @@ def _check_sizes(cfg: ModelConfig) -> None:
             f"{cfg.num_kv_heads}"
         )
     for field in ("dropout_rate", "attention_dropout_rate"):
+        if not isinstance(getattr(cfg, field), numbers.Real):
+            continue  # traced: a vectorised sweep's trial, checked before tracing
         if not 0.0 <= getattr(cfg, field) < 1.0:
             raise errors.ConfigError(
                 f"ModelConfig.{field} must be in [0, 1), got {getattr(cfg, field)}"

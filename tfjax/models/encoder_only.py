@@ -31,7 +31,7 @@ class EncoderOnly(nn.Module):
         if cfg.encoder_head == "classify":
             self.pooler = dense(cfg.embed_dim)
             self.classifier = dense(cfg.num_classes)
-            self.head_dropout = nn.Dropout(cfg.dropout_rate)
+            self.head_dropout = layers.Dropout(cfg.dropout_rate)
         else:
             self.mlm_dense = dense(cfg.token_width)
             self.mlm_norm = layers.make_norm(

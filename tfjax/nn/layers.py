@@ -13,6 +13,7 @@ Sources:
 Norm statistics are computed in float32 and cast back to the compute dtype.
 """
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -109,7 +110,7 @@ class FeedForward(nn.Module):
 
     mlp_dim: int
     activation: str = "relu"
-    dropout_rate: float = 0.0
+    dropout_rate: float | jax.Array = 0.0  # an Array: traced (vectorised sweeps)
     use_bias: bool = True
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
@@ -141,7 +142,7 @@ class FeedForward(nn.Module):
             hidden = nn.silu(self._dense(self.mlp_dim, "wi_gate")(x)) * hidden
         # Tensor parallelism splits F; a no-op outside a `parallel.rules` context.
         hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
-        hidden = nn.Dropout(self.dropout_rate)(hidden, deterministic=deterministic)
+        hidden = Dropout(self.dropout_rate)(hidden, deterministic=deterministic)
         return self._dense(x.shape[-1], "wo")(hidden)  # [B, L, D]
 
 
@@ -207,6 +208,29 @@ def _tied_logits_jvp(primals, tangents):
     return tied_logits(x, embedding), tangent
 
 
+class Dropout(nn.Module):
+    """Flax's `nn.Dropout` (the same masks from the same keys: same name, same draws) whose
+    rate may also be a traced scalar: each trial of a vectorised sweep its own rate.
+
+    Attributes:
+      rate: the probability of zeroing an element, a Python float or a traced float32 scalar
+        in [0, 1) (a traced 0 keeps every element, as the Python 0 does).
+    """
+
+    rate: Any
+
+    @nn.compact
+    def __call__(self, inputs: Array, *, deterministic: bool) -> Array:
+        static = isinstance(self.rate, numbers.Real)
+        if deterministic or (static and self.rate == 0.0):
+            return inputs
+        if static and self.rate == 1.0:
+            return jnp.zeros_like(inputs)
+        keep_prob = 1.0 - self.rate
+        keep = jax.random.bernoulli(self.make_rng("dropout"), p=keep_prob, shape=inputs.shape)
+        return jax.lax.select(keep, inputs / keep_prob, jnp.zeros_like(inputs))
+
+
 class Residual(nn.Module):
     """A residual sub-layer around `fn`: post-LN (paper) or pre-LN, with residual dropout.
 
@@ -217,7 +241,7 @@ class Residual(nn.Module):
     norm_position: str = "post"
     norm: str = "layernorm"
     epsilon: float = 1e-6
-    dropout_rate: float = 0.1
+    dropout_rate: float | jax.Array = 0.1  # an Array: traced (vectorised sweeps)
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -238,7 +262,7 @@ class Residual(nn.Module):
             param_dtype=self.param_dtype,
             name="norm",
         )
-        dropout = nn.Dropout(self.dropout_rate)
+        dropout = Dropout(self.dropout_rate)
         if self.norm_position == "pre":
             return x + dropout(fn(norm(x)), deterministic=deterministic)
         return norm(x + dropout(fn(x), deterministic=deterministic))

@@ -14,6 +14,7 @@ Sources:
 
 import functools
 import math
+import numbers
 from collections.abc import Mapping
 
 import jax
@@ -61,7 +62,7 @@ def cross_entropy(
     targets: Int[Array, "B L"],
     weights: Float[Array, "B L"],
     *,
-    label_smoothing: float = 0.0,
+    label_smoothing: float | jax.Array = 0.0,
 ) -> tuple[Float[Array, ""], Float[Array, ""]]:
     """Weighted cross-entropy with label smoothing, summed over tokens.
 
@@ -69,7 +70,8 @@ def cross_entropy(
         logits: [B, L, V] any float dtype; upcast to float32 before the log-softmax.
         targets: [B, L] int32 class ids in [0, V).
         weights: [B, L] float32 per-token weights (0 for padding).
-        label_smoothing: ε in [0, 1), a static Python float. The target gets 1 - ε, every other
+        label_smoothing: ε in [0, 1): a Python float, or a traced float32 scalar (a vectorised
+            sweep's trials; checked before tracing). The target gets 1 - ε, every other
             class ε / (V - 1) (Vaswani et al. 2017 §5.4).
 
     Returns:
@@ -84,10 +86,23 @@ def cross_entropy(
     B, L, V = logits.shape
     _check_shape("targets", targets.shape, (B, L))
     _check_shape("weights", weights.shape, (B, L))
-    confidence, low, entropy = _smoothing_targets(label_smoothing, V)
     weights = weights.astype(jnp.float32)
+    if not isinstance(label_smoothing, numbers.Real):  # traced: a vectorised sweep's trial
+        confidence, low, entropy = _traced_smoothing_targets(label_smoothing, V)
+        sums = _weighted_token_losses_traced(logits, targets, weights, confidence, low)
+        return sums[0] - entropy * jnp.sum(weights), sums[1]
+    confidence, low, entropy = _smoothing_targets(label_smoothing, V)
     smoothed_sum, nll_sum = _weighted_token_losses(logits, targets, weights, confidence, low)
     return smoothed_sum - entropy * jnp.sum(weights), nll_sum
+
+
+def _traced_smoothing_targets(label_smoothing: jax.Array, vocab_size: int):
+    """`_smoothing_targets` of a traced ε (checked on the host before it was traced)."""
+    confidence = 1.0 - label_smoothing
+    low = label_smoothing / max(vocab_size - 1, 1)
+    entropy = -confidence * jnp.log(confidence)
+    spread = (vocab_size - 1) * low * jnp.log(jnp.where(low > 0, low, 1.0))
+    return confidence, low, entropy - spread
 
 
 # The loss over the vocabulary is the largest elementwise work of a train step ([B, L, V] for a
@@ -113,7 +128,7 @@ def _token_losses(logits, targets, weights, confidence, low):
     # written V · lse - Σ_v z_v: as Σ_v (lse - z_v), XLA:CPU wrote the [B, L, V] broadcast of
     # lse to memory before reducing (22 ms of a 0.58 s benchmark train step).
     smoothed = (confidence - low) * nll
-    if low > 0.0:
+    if not isinstance(low, numbers.Real) or low > 0.0:  # traced low: always (0 adds 0)
         smoothed = smoothed + low * (z.shape[-1] * lse - jnp.sum(z, axis=-1))
     sums = (jnp.sum(smoothed * weights), jnp.sum(nll * weights))
     return sums, (z, lse, smoothed, nll)
@@ -132,10 +147,26 @@ def _token_losses_jvp(confidence, low, primals, tangents):
     expected = jnp.sum(probs * wdz)
     at_target = jnp.sum(jnp.where(is_target, wdz, 0.0))
     d_smoothed = expected - (confidence - low) * at_target + jnp.sum(smoothed * d_weights)
-    if low > 0.0:
+    if not isinstance(low, numbers.Real) or low > 0.0:
         d_smoothed = d_smoothed - low * jnp.sum(wdz)
     d_nll = expected - at_target + jnp.sum(nll * d_weights)
     return sums, (d_smoothed, d_nll)
+
+
+# The same with (traced) confidence and low as arguments that get no derivative: label
+# smoothing that differs between the trials of a vectorised sweep (`tfjax.training.vectorized`).
+@jax.custom_jvp
+def _weighted_token_losses_traced(logits, targets, weights, confidence, low):
+    return _token_losses(logits, targets, weights, confidence, low)[0]
+
+
+@_weighted_token_losses_traced.defjvp
+def _token_losses_traced_jvp(primals, tangents):
+    logits, targets, weights, confidence, low = primals
+    d_logits, _, d_weights, _, _ = tangents  # hyperparameters: no derivative
+    return _token_losses_jvp(
+        confidence, low, (logits, targets, weights), (d_logits, None, d_weights)
+    )
 
 
 # 2^126: the largest power of two whose product with a normal float32 difference (>= 2^-126)
@@ -233,7 +264,7 @@ def compute_metrics(
     targets: Int[Array, "B L"],
     segment_ids: Int[Array, "B L"],
     *,
-    label_smoothing: float = 0.0,
+    label_smoothing: float | jax.Array = 0.0,
     loss_weights: Int[Array, "B L"] | None = None,
 ) -> dict[str, Array]:
     """Sequence-model metrics as float32 sums; padding (segment 0) has weight 0.
@@ -271,7 +302,7 @@ def classification_metrics(
     logits: Float[Array, "B C"],
     labels: Int[Array, " B"],  # leading space keeps pyflakes from reading B as a name
     *,
-    label_smoothing: float = 0.0,
+    label_smoothing: float | jax.Array = 0.0,
 ) -> dict[str, Array]:
     """Classification metrics with the keys of `compute_metrics`.
 

@@ -51,7 +51,7 @@ class Embedder(nn.Module):
             pos = None
         if pos is not None:
             x = positional.combine_embeddings(x, pos.astype(x.dtype), cfg.positional_combine)
-        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)  # [B, L, D]
+        x = layers.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)  # [B, L, D]
         return constrain_embed(x)
 
 

@@ -39,7 +39,12 @@ from tfjax.training import checkpointing, logger, optim, steps, vectorized
 log = logging.getLogger(__name__)
 
 # Config keys that trials of one group may differ in; the others split a sweep into groups.
-VECTOR_KEYS = ("seed", *(f"optim.{name}" for name in optim.TRACEABLE))
+VECTOR_KEYS = (
+    "seed",
+    "model.dropout_rate",
+    "train.label_smoothing",
+    *(f"optim.{name}" for name in optim.TRACEABLE),
+)
 _NOT_COMPARED = ("sweep",)  # config groups that do not change what a trial computes
 
 
@@ -119,6 +124,14 @@ def _check_trials(trials: Sequence[Trial]) -> None:
             f"these trials differ in {', '.join(differing)}, which cannot be vectorised "
             f"(only {', '.join(VECTOR_KEYS)} can); split them with group_trials"
         )
+    halving = [list(trial.config.sweep.halving_steps) for trial in trials]
+    if any(h != halving[0] for h in halving) or not all(
+        isinstance(step, int) and step > 0 for step in halving[0]
+    ):
+        raise errors.ConfigError(
+            f"sweep.halving_steps must be the same positive step numbers for every trial, got "
+            f"{halving[0]!r}; e.g. --config.sweep.halving_steps=500,1000"
+        )
     parallel = trials[0].config.parallel
     if parallel.fsdp != 1 or parallel.tensor != 1 or jax.process_count() > 1:
         raise errors.ConfigError(
@@ -160,9 +173,17 @@ class _Group:
         self.model = models.create_model(self.model_config)
         optim_configs = [build.optim_config(trial.config) for trial in trials]  # checked
         self.structure = optim.traced_structure(optim_configs)
-        self.hyper = vectorized.stack(
-            [optim.traced_hyper(c, self.structure) for c in optim_configs]
-        )
+        hyper = [optim.traced_hyper(c, self.structure) for c in optim_configs]
+        smoothing = [trial.config.train.label_smoothing for trial in trials]
+        self.label_smoothing = smoothing[0] if len(set(smoothing)) == 1 else None  # None: traced
+        rates = [trial.config.model.dropout_rate for trial in trials]
+        self.traced_dropout = None if len(set(rates)) == 1 else self.model_config
+        for values, value, rate in zip(hyper, smoothing, rates, strict=True):
+            values["label_smoothing"], values["dropout_rate"] = (
+                jnp.float32(value),
+                jnp.float32(rate),
+            )
+        self.hyper = vectorized.stack(hyper)  # {name: [T]}
         self.seeds = [trial.config.seed for trial in trials]
         self.shared_batch = len(set(self.seeds)) == 1
         self.runs = [self._trial_run(trial) for trial in trials]
@@ -199,8 +220,9 @@ class _Group:
             self.structure,
             d_model=self.model_config.embed_dim,
             kind=self.model_config.kind,
-            label_smoothing=self.config.train.label_smoothing,
+            label_smoothing=self.label_smoothing,
             shared_batch=self.shared_batch,
+            traced_dropout=self.traced_dropout,
         )
         return self.placement.jit(step)
 
@@ -290,7 +312,7 @@ class _Loop:
             pending.append(metrics)
             if step % tcfg.log_every_steps == 0 or step == tcfg.num_train_steps:
                 untimed = 1 if len(pending) == step - start else 0
-                self._log(progress, pending, step, time.perf_counter() - t0, untimed)
+                self._log(progress, pending, step, t0, untimed)
                 pending, t0 = [], time.perf_counter()
             if tcfg.eval_every_steps and step % tcfg.eval_every_steps == 0:
                 t0 += self._evaluate(state, step)
@@ -301,8 +323,11 @@ class _Loop:
         progress.close()
         return state, step
 
-    def _log(self, progress, pending, step, elapsed, untimed):
+    def _log(self, progress, pending, step, t0: float, untimed: int):
+        """Writes each live trial's train record; times the steps since `t0` to their end
+        (dispatch is asynchronous: waiting for the metrics first)."""
         fetched = jax.device_get(pending)  # [steps] of {name: [T]}
+        elapsed = time.perf_counter() - t0
         live = np.stack([m["live"] for m in fetched])  # [steps, T]
         best = None
         for i, writer in enumerate(self.writers):

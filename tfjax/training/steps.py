@@ -55,7 +55,9 @@ def model_inputs(batch: Batch, kind: str) -> tuple[tuple, dict]:
     return tuple(present.pop(k) for k in positional), present
 
 
-def batch_metrics(logits: jax.Array, batch: Batch, kind: str, *, label_smoothing: float) -> Batch:
+def batch_metrics(
+    logits: jax.Array, batch: Batch, kind: str, *, label_smoothing: float | jax.Array
+) -> Batch:
     """Loss and accuracy sums of one batch (`tfjax.nn.losses.compute_metrics`)."""
     if kind == "encoder_only":
         return losses.classification_metrics(
@@ -100,10 +102,11 @@ def make_train_step(
     schedule: optax.Schedule,
     *,
     kind: str,
-    label_smoothing: float,
+    label_smoothing: float | jax.Array,
     grad_accum_steps: int = 1,
 ) -> Callable:
-    """The pure train step for `model` (see the module docstring)."""
+    """The pure train step for `model` (see the module docstring); `label_smoothing` may be a
+    traced scalar (a trial of a vectorised sweep)."""
 
     def train_step(state: TrainState, batch: Batch, rng: jax.Array, axis_name: str | None = None):
         rng = jax.random.fold_in(rng, state.step)

@@ -2,7 +2,8 @@
 
 Trials that share a model shape train together as one program (`tfjax.runs.vsweep`): every
 leaf of the train state, the dropout keys and the hyperparameters (`optim.traced_hyper`) get a
-leading trial axis [T, ...]; the batch has one too when the trials read different data (their
+leading trial axis [T, ...] (label smoothing and the dropout rate too, when the trials
+differ in them); the batch has one too when the trials read different data (their
 seeds differ), else all trials read the same batch. Each trial computes exactly what
 `steps.make_train_step` computes for it alone, with its optimizer built from its own
 hyperparameters (`optim.traced_optimizer`).
@@ -12,6 +13,7 @@ kept as it was (its updates are masked out) and `live` turns False; the other tr
 Successive halving freezes trials the same way (`freeze`).
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from tfjax import models
 from tfjax.training import optim, steps
 
 
@@ -57,8 +60,9 @@ def make_vectorized_train_step(
     *,
     d_model: int,
     kind: str,
-    label_smoothing: float,
+    label_smoothing: float | None,
     shared_batch: bool,
+    traced_dropout: models.ModelConfig | None = None,
 ) -> Callable:
     """`step(state: SweepState, batch, rngs [T], hyper {name: [T]}) -> (SweepState, metrics)`.
 
@@ -67,9 +71,13 @@ def make_vectorized_train_step(
         structure: what the trials' optimizers share (`optim.traced_structure`).
         d_model: model width, for the "paper" schedule.
         kind: the model kind (`steps.model_inputs`).
-        label_smoothing: shared by the trials.
+        label_smoothing: shared by the trials, or None: each trial's `hyper["label_smoothing"]`
+            (a traced scalar; `tfjax.nn.losses.cross_entropy`).
         shared_batch: True when every trial reads the same batch ([B, ...]); False for a
             batch with a leading trial axis ([T, B, ...]).
+        traced_dropout: when the trials' `dropout_rate`s differ, the model config that each
+            trial rebuilds `model` from with its own `hyper["dropout_rate"]` (a traced rate,
+            `tfjax.nn.layers.Dropout`); None: every trial uses `model`.
 
     Returns:
         The pure step; metrics are those of `steps.make_train_step`, each [T], plus `live`.
@@ -77,12 +85,20 @@ def make_vectorized_train_step(
 
     def one_trial(state, batch, rng, hyper, live):
         optimizer, schedule = optim.traced_optimizer(hyper, structure, d_model)
+        trial_model = model
+        if traced_dropout is not None:
+            rate = hyper["dropout_rate"]
+            trial_model = models.create_model(
+                dataclasses.replace(traced_dropout, dropout_rate=rate)
+            )
         train_step = steps.make_train_step(
-            model,
+            trial_model,
             optimizer,
             schedule,
             kind=kind,
-            label_smoothing=label_smoothing,
+            label_smoothing=hyper["label_smoothing"]
+            if label_smoothing is None
+            else label_smoothing,
             grad_accum_steps=structure.grad_accum_steps,
         )
         new_state, metrics = train_step(state, batch, rng)
