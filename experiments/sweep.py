@@ -352,7 +352,9 @@ def main(argv: Sequence[str], overrides: Sequence[str]) -> int:
             "an ordinary workdir"
         )
         return 0
-    vectorize = FLAGS.vectorize or runs[0].config.sweep.vectorize
+    config = runs[0].config if runs else None
+    # Config files older than the `sweep` group (or written by hand) have none: not vectorised.
+    vectorize = FLAGS.vectorize or bool(config and "sweep" in config and config.sweep.vectorize)
     rows = run_vectorized(runs, directory) if vectorize else run_all(runs, directory)
     failed = _failed(rows)
     print(

@@ -42,7 +42,7 @@ COMMON = [
 ]
 # Four trials that differ in every kind of vectorised hyperparameter, two seeds among them
 # (so two data orders and per-trial batches), three schedules, Adam and AdamW, clipping on one,
-# two label smoothings and two dropout rates (both then traced per trial).
+# two label smoothings and two pairs of dropout rates (then traced per trial).
 TRIALS = {
     # Learning rates that train without amplifying rounding: Adam turns the noise in a near-zero
     # gradient into full steps, so a huge rate (the tiny preset's paper scale 1.0 peaks at 0.1
@@ -69,6 +69,7 @@ TRIALS = {
         "optim.eps=1e-6",
         "optim.b1=0.8",
         "model.dropout_rate=0.3",
+        "model.attention_dropout_rate=0.2",
         "seed=1",
     ],
 }
@@ -126,6 +127,7 @@ def sweep(tmp_path_factory):
     return {"root": root, "trials": trials, "outcomes": outcomes, "alone": alone, "vec": vectorised}
 
 
+@pytest.mark.slow
 def test_the_four_trials_are_one_group_on_a_trial_by_data_mesh(sweep):
     assert len(vsweep.group_trials(sweep["trials"])) == 1
     placement = vsweep_state.Placement.create(4, 8, shared_batch=False)
@@ -133,6 +135,7 @@ def test_the_four_trials_are_one_group_on_a_trial_by_data_mesh(sweep):
     assert [o.status for o in sweep["outcomes"]] == ["ok"] * 4
 
 
+@pytest.mark.slow
 def test_each_trial_ends_with_the_parameters_of_the_trial_trained_alone(sweep):
     for name in TRIALS:
         _assert_close_trees(sweep["vec"][name], sweep["alone"][name])
@@ -142,6 +145,7 @@ def test_each_trial_ends_with_the_parameters_of_the_trial_trained_alone(sweep):
     assert max(gaps) > 1e-4
 
 
+@pytest.mark.slow
 def test_each_trial_logs_the_metrics_of_the_trial_trained_alone(sweep):
     for name in TRIALS:
         vec_dir, alone_dir = sweep["root"] / "sweep" / name, sweep["root"] / "alone" / name
@@ -151,6 +155,7 @@ def test_each_trial_logs_the_metrics_of_the_trial_trained_alone(sweep):
             np.testing.assert_allclose([v for _, v in vec], [v for _, v in alone], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_each_trial_workdir_is_an_ordinary_run_with_hparams(sweep):
     for trial in sweep["trials"]:
         saved = json.loads((trial.workdir / "config.json").read_text())
@@ -161,6 +166,7 @@ def test_each_trial_workdir_is_an_ordinary_run_with_hparams(sweep):
     assert hparams["optim.optimizer"] == "adamw" and hparams["seed"] == 1
 
 
+@pytest.mark.slow
 def test_an_extracted_trial_resumes_in_experiments_train(sweep, tmp_path):
     trial = sweep["trials"][0]
     config = _config(*TRIALS[trial.name], "train.num_train_steps=10", "parallel.mode=sharded")
@@ -172,6 +178,7 @@ def test_an_extracted_trial_resumes_in_experiments_train(sweep, tmp_path):
     _assert_close_trees(_params(config, trial.workdir), _params(longer, tmp_path / "straight"))
 
 
+@pytest.mark.slow
 def test_a_sweep_without_a_mesh_equals_the_sharded_one(sweep, tmp_path, monkeypatch):
     monkeypatch.setattr(vsweep, "mesh_shape", lambda *args: (1, 1))
     trials = _trials(tmp_path)
@@ -180,6 +187,7 @@ def test_a_sweep_without_a_mesh_equals_the_sharded_one(sweep, tmp_path, monkeypa
         _assert_close_trees(params, sweep["vec"][name])
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_resumes_to_the_same_result(sweep, tmp_path, monkeypatch):
     trials = _trials(tmp_path)
     original = pipeline.BatchIterator.__next__
@@ -201,6 +209,7 @@ def test_a_killed_sweep_resumes_to_the_same_result(sweep, tmp_path, monkeypatch)
         jax.tree.map(np.testing.assert_array_equal, params, sweep["vec"][name])
 
 
+@pytest.mark.slow
 def test_a_trial_whose_loss_goes_nan_is_frozen_and_the_others_go_on(sweep, tmp_path):
     trials = _trials(
         tmp_path,
@@ -220,6 +229,7 @@ def test_a_trial_whose_loss_goes_nan_is_frozen_and_the_others_go_on(sweep, tmp_p
     assert all(step < frozen_at for step in steps)  # no train record after the freeze
 
 
+@pytest.mark.slow
 def test_successive_halving_stops_the_worse_half_at_the_given_step(tmp_path):
     trials = _trials(tmp_path, None, "sweep.halving_steps=4", "train.eval_every_steps=0")
     outcomes = vsweep.train_trials(trials, tmp_path / "group")
@@ -249,13 +259,13 @@ def test_trials_of_different_shapes_split_into_groups_and_are_refused_together(t
     groups = vsweep.group_trials(trials)
     assert [[t.name for t in g] for g in groups] == [["a", "c"], ["b"]]
     assert vsweep.splitting_keys(trials) == ["model.num_layers"]
-    attention = _trials(tmp_path, {"a": [], "b": ["model.attention_dropout_rate=0.1"]})
-    assert len(vsweep.group_trials(attention)) == 2
+    accumulation = _trials(tmp_path, {"a": [], "b": ["optim.grad_accum_steps=2"]})
+    assert vsweep.splitting_keys(accumulation) == ["optim.grad_accum_steps"]
     with pytest.raises(errors.ConfigError, match=r"differ in model\.num_layers.*cannot be vect"):
         vsweep.train_trials(trials, tmp_path / "group")
 
 
-def test_bad_sweeps_are_one_line_errors(sweep, tmp_path):
+def test_bad_sweeps_are_one_line_errors(tmp_path):
     with pytest.raises(errors.ConfigError, match=r"parallel\.fsdp=1"):
         fsdp = {"a": ["parallel.mode=sharded", "parallel.fsdp=2"]}
         vsweep.train_trials(_trials(tmp_path, fsdp), tmp_path / "g")
@@ -263,11 +273,17 @@ def test_bad_sweeps_are_one_line_errors(sweep, tmp_path):
         vsweep.train_trials(_trials(tmp_path, {"a": ["sweep.halving_steps=0"]}), tmp_path / "g")
     with pytest.raises(errors.ConfigError, match="unique"):
         vsweep.train_trials([*_trials(tmp_path, {"a": []})] * 2, tmp_path / "g")
+    (tmp_path / "a").mkdir(exist_ok=True)
+    (tmp_path / "a" / "config.json").write_text(json.dumps(build.config_dict(_config())))
+    with pytest.raises(errors.CheckpointError, match="run the vectorised sweep first"):
+        vsweep_state.extract(tmp_path / "nothing", tmp_path / "a")
+
+
+@pytest.mark.slow
+def test_another_sweeps_directory_and_a_stranger_workdir_are_refused(sweep, tmp_path):
     other = _trials(tmp_path, {"x": [], "y": []})
     with pytest.raises(errors.CheckpointError, match="use another --workdir"):
         vsweep.train_trials(other, sweep["root"] / "sweep" / "group")
-    with pytest.raises(errors.CheckpointError, match="run the vectorised sweep first"):
-        vsweep_state.extract(tmp_path / "nothing", sweep["trials"][0].workdir)
     stranger = tmp_path / "stranger"
     stranger.mkdir()
     (stranger / "config.json").write_text(json.dumps(build.config_dict(_config("seed=7"))))

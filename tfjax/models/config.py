@@ -50,7 +50,7 @@ class ModelConfig:
     mlp_dim: int = 2048
     max_len: int = 512
     dropout_rate: float | jax.Array = 0.1  # an Array: traced per trial (vectorised sweeps)
-    attention_dropout_rate: float = 0.0
+    attention_dropout_rate: float | jax.Array = 0.0  # an Array: traced, as dropout_rate
     score: str = "scaled_dot"
     attention_impl: str = "auto"
     fused_qkv: bool = True

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 VECTOR_KEYS = (
     "seed",
     "model.dropout_rate",
+    "model.attention_dropout_rate",
     "train.label_smoothing",
     *(f"optim.{name}" for name in optim.TRACEABLE),
 )
@@ -176,13 +177,15 @@ class _Group:
         hyper = [optim.traced_hyper(c, self.structure) for c in optim_configs]
         smoothing = [trial.config.train.label_smoothing for trial in trials]
         self.label_smoothing = smoothing[0] if len(set(smoothing)) == 1 else None  # None: traced
-        rates = [trial.config.model.dropout_rate for trial in trials]
+        rates = [
+            (trial.config.model.dropout_rate, trial.config.model.attention_dropout_rate)
+            for trial in trials
+        ]
         self.traced_dropout = None if len(set(rates)) == 1 else self.model_config
-        for values, value, rate in zip(hyper, smoothing, rates, strict=True):
-            values["label_smoothing"], values["dropout_rate"] = (
-                jnp.float32(value),
-                jnp.float32(rate),
-            )
+        for values, value, (rate, attention_rate) in zip(hyper, smoothing, rates, strict=True):
+            values["label_smoothing"] = jnp.float32(value)
+            values["dropout_rate"] = jnp.float32(rate)
+            values["attention_dropout_rate"] = jnp.float32(attention_rate)
         self.hyper = vectorized.stack(hyper)  # {name: [T]}
         self.seeds = [trial.config.seed for trial in trials]
         self.shared_batch = len(set(self.seeds)) == 1

@@ -75,9 +75,10 @@ def make_vectorized_train_step(
             (a traced scalar; `tfjax.nn.losses.cross_entropy`).
         shared_batch: True when every trial reads the same batch ([B, ...]); False for a
             batch with a leading trial axis ([T, B, ...]).
-        traced_dropout: when the trials' `dropout_rate`s differ, the model config that each
-            trial rebuilds `model` from with its own `hyper["dropout_rate"]` (a traced rate,
-            `tfjax.nn.layers.Dropout`); None: every trial uses `model`.
+        traced_dropout: when the trials' dropout rates differ, the model config that each trial
+            rebuilds `model` from with its own `hyper["dropout_rate"]` and
+            `hyper["attention_dropout_rate"]` (traced rates: `tfjax.nn.layers.Dropout`,
+            `attention.core.dropout_active`); None: every trial uses `model`.
 
     Returns:
         The pure step; metrics are those of `steps.make_train_step`, each [T], plus `live`.
@@ -87,10 +88,8 @@ def make_vectorized_train_step(
         optimizer, schedule = optim.traced_optimizer(hyper, structure, d_model)
         trial_model = model
         if traced_dropout is not None:
-            rate = hyper["dropout_rate"]
-            trial_model = models.create_model(
-                dataclasses.replace(traced_dropout, dropout_rate=rate)
-            )
+            rates = {k: hyper[k] for k in ("dropout_rate", "attention_dropout_rate")}
+            trial_model = models.create_model(dataclasses.replace(traced_dropout, **rates))
         train_step = steps.make_train_step(
             trial_model,
             optimizer,

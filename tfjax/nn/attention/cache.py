@@ -87,7 +87,7 @@ def attend_over_cache(
     bias: Float[Array, "#B #N #L #S"] | None = None,
     score: str = "scaled_dot",
     score_params: dict[str, Array] | None = None,
-    dropout_rate: float = 0.0,
+    dropout_rate: float | Array = 0.0,
     dropout_rng: Array | None = None,
     deterministic: bool = True,
     implementation: str = "auto",
@@ -98,7 +98,7 @@ def attend_over_cache(
     dropout) this is `cached_attention`, which reads the cache in place; otherwise k and v are
     transposed to [B, S, K, H] for the reference path. Arguments as `dot_product_attention`.
     """
-    dropout = dropout_rate > 0.0 and not deterministic
+    dropout = core.dropout_active(dropout_rate, deterministic)
     if core.use_fast_path(score, implementation, dropout):
         scale = q.shape[-1] ** -0.5 if score == "scaled_dot" else 1.0
         return cached_attention(q, k, v, mask=mask, bias=bias, scale=scale)

@@ -11,6 +11,8 @@ Sources:
 - multi-query and grouped-query attention: Shazeer 2019; Ainslie et al. 2023 (GQA), §2.
 """
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
@@ -160,7 +162,15 @@ def _jax_attention(
     return out
 
 
-def probability_dropout(probs: Float[Array, "..."], rate: float, rng: Array | None) -> Array:
+def dropout_active(rate: float | Array, deterministic: bool) -> bool:
+    """Whether probability dropout runs: not `deterministic`, and a rate > 0 or a traced one (a
+    vectorised sweep's trials, each with its own rate; a traced 0 keeps every probability)."""
+    return not deterministic and (not isinstance(rate, numbers.Real) or rate > 0.0)
+
+
+def probability_dropout(
+    probs: Float[Array, "..."], rate: float | Array, rng: Array | None
+) -> Array:
     """Inverted dropout on attention probabilities of any layout: kept with 1 - rate, rescaled."""
     if rng is None:
         raise ValueError("dropout_rng is required when dropout_rate > 0 and not deterministic")
@@ -177,7 +187,7 @@ def dot_product_attention(
     bias: Float[Array, "#B #N #L #S"] | None = None,
     score: str = "scaled_dot",
     score_params: dict[str, Array] | None = None,
-    dropout_rate: float = 0.0,
+    dropout_rate: float | Array = 0.0,
     dropout_rng: Array | None = None,
     deterministic: bool = True,
     implementation: str = "auto",
@@ -204,7 +214,7 @@ def dot_product_attention(
       [B, L, N, H] in the dtype of `v`; rows whose mask is all False are zeros.
     """
     check_qkv(q, k, v)
-    dropout = dropout_rate > 0.0 and not deterministic
+    dropout = dropout_active(dropout_rate, deterministic)
     if use_fast_path(score, implementation, dropout):
         return _jax_attention(q, k, v, mask, bias, score, implementation)
     logits = attention_logits(q, k, score=score, score_params=score_params)

@@ -134,7 +134,7 @@ def local_attention(
     positions: Int[Array, "B L"] | None = None,
     offset_bias: OffsetBias | None = None,
     score: str = "scaled_dot",
-    dropout_rate: float = 0.0,
+    dropout_rate: float | Array = 0.0,
     dropout_rng: Array | None = None,
     deterministic: bool = True,
 ) -> Float[Array, "B L N H"]:
@@ -178,7 +178,7 @@ def local_attention(
     mask = _block_mask(length, block, nb, radius, causal, segment_ids)[:, None, None]
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)  # [B, K, G, nb, W, 3W]
     probs = jnp.where(mask, jax.nn.softmax(logits, axis=-1), 0.0)  # fully masked rows: zeros
-    if dropout_rate > 0.0 and not deterministic:
+    if core.dropout_active(dropout_rate, deterministic):
         probs = core.probability_dropout(probs, dropout_rate, dropout_rng)
     out = jnp.einsum("BKGCWS,BCSKH->BCWKGH", probs.astype(v.dtype), vb)
     return out.reshape(b, nb * block, n, v.shape[-1])[:, :length]  # [B, L, N, H]
@@ -219,7 +219,7 @@ def window_attention(
     *,
     score: str = "scaled_dot",
     score_params: dict[str, Array] | None = None,
-    dropout_rate: float = 0.0,
+    dropout_rate: float | Array = 0.0,
     dropout_rng: Array | None = None,
     deterministic: bool = True,
     implementation: str = "auto",

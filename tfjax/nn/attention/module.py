@@ -58,7 +58,7 @@ class MultiHeadAttention(nn.Module):
     num_kv_heads: int = 0
     head_dim: int = 0
     score: str = "scaled_dot"
-    dropout_rate: float = 0.0
+    dropout_rate: float | Array = 0.0  # an Array: traced (vectorised sweeps)
     fused_qkv: bool = True
     value_rank: int = 0
     rotary: bool = False
@@ -95,7 +95,7 @@ class MultiHeadAttention(nn.Module):
         """Attention with this module's settings over k, v: [B, S, K, H], or head-major
         [B, K, S, H] from the cache when decoding; returns [B, L, N, H]. `restrict` is a
         `local.Window`, or a (mask, bias) pair."""
-        dropout = self.dropout_rate > 0.0 and not deterministic
+        dropout = core.dropout_active(self.dropout_rate, deterministic)
         return _attention_fn(restrict, decode)(
             q,
             k,
