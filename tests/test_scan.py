@@ -6,7 +6,6 @@ logits, gradients and cached decoding. Remat must change memory only, never the 
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 
 from tfjax import errors, models
 from tfjax.inference import beam_search, decoding
-from tfjax.nn import stacking
+from tfjax.nn import layers, stacking
 from tfjax.runs import build
 from tfjax.training import checkpointing, steps
 
@@ -227,7 +226,8 @@ def test_scanned_equals_unscanned_with_a_local_window(kind, positional, remat):
 
 
 def _dropout_outputs(model, params, kind, rng):
-    """The "intermediates" of every Dropout module: {path: [num_layers, ...] output}."""
+    """The "intermediates" of every Dropout module (`tfjax.nn.layers.Dropout`, flax's with a rate
+    that may be traced): {path: [num_layers, ...] output}."""
     args, kwargs = _inputs(kind)
     _, state = model.apply(
         {"params": params},
@@ -235,7 +235,7 @@ def _dropout_outputs(model, params, kind, rng):
         **kwargs,
         deterministic=False,
         rngs={"dropout": rng},
-        capture_intermediates=lambda module, _: isinstance(module, nn.Dropout),
+        capture_intermediates=lambda module, _: isinstance(module, layers.Dropout),
         mutable=["intermediates"],
     )
     flat = jax.tree_util.tree_flatten_with_path(state["intermediates"]["decoder"]["layers"])[0]

@@ -180,7 +180,7 @@ def test_an_extracted_trial_resumes_in_experiments_train(sweep, tmp_path):
 
 @pytest.mark.slow
 def test_a_sweep_without_a_mesh_equals_the_sharded_one(sweep, tmp_path, monkeypatch):
-    monkeypatch.setattr(vsweep, "mesh_shape", lambda *args: (1, 1))
+    monkeypatch.setattr(vsweep_state, "mesh_shape", lambda *args: (1, 1))
     trials = _trials(tmp_path)
     vsweep.train_trials(trials, tmp_path / "group")
     for name, params in _extracted_params(trials, tmp_path / "group").items():
@@ -244,11 +244,11 @@ def test_successive_halving_stops_the_worse_half_at_the_given_step(tmp_path):
 
 
 def test_mesh_shape_spreads_trials_then_data():
-    assert vsweep.mesh_shape(16, 8, 64) == (8, 1)
-    assert vsweep.mesh_shape(4, 8, 64) == (4, 2)
-    assert vsweep.mesh_shape(3, 8, 64) == (1, 8)
-    assert vsweep.mesh_shape(4, 8, 6) == (4, 2)
-    assert vsweep.mesh_shape(1, 8, 3) == (1, 1)
+    assert vsweep_state.mesh_shape(16, 8, 64) == (8, 1)
+    assert vsweep_state.mesh_shape(4, 8, 64) == (4, 2)
+    assert vsweep_state.mesh_shape(3, 8, 64) == (1, 8)
+    assert vsweep_state.mesh_shape(4, 8, 6) == (4, 2)
+    assert vsweep_state.mesh_shape(1, 8, 3) == (1, 1)
 
 
 def test_trials_of_different_shapes_split_into_groups_and_are_refused_together(tmp_path):

@@ -75,7 +75,7 @@ def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path
     return restored.state, restored.rng, restored.step
 
 
-class _Preemption:
+class Preemption:
     """Turns SIGTERM into a flag the loop checks after every step (`check`).
 
     One process: a signal handler sets it (main thread only). Several: JAX's preemption service
@@ -178,7 +178,7 @@ class _Loop:
     rng: jax.Array
     step: int = 0  # the step started last (dispatch is asynchronous), for messages
 
-    def train(self, state, start: int, preemption: "_Preemption", *, chief: bool):
+    def train(self, state, start: int, preemption: "Preemption", *, chief: bool):
         """Steps from `start` to `train.num_train_steps` or SIGTERM: (state, step, pending)."""
         tcfg, run = self.run.config.train, self.run
         state = run.strategy.put_state(state)
@@ -237,12 +237,12 @@ def train_and_evaluate(
     """
     build.check_config(config)  # a bad value stops the run before the workdir is touched
     strategies.host_batch_size(config.train.global_batch_size)  # divides over the devices?
-    workdir = _make_workdir(pathlib.Path(workdir))
+    workdir = make_workdir(pathlib.Path(workdir))
     with lock.held(workdir):  # before the first write: `build` saves the tokenizer
         return _train_and_evaluate(config, workdir)
 
 
-def _make_workdir(workdir: pathlib.Path) -> pathlib.Path:
+def make_workdir(workdir: pathlib.Path) -> pathlib.Path:
     """Creates `workdir`, or says in one line why it cannot be one."""
     for path in (workdir, *workdir.parents):
         if path.exists():
@@ -274,7 +274,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
             (workdir / "config.json").write_text(json.dumps(build.config_dict(config), indent=2))
         loop = _Loop(run, iterator, writer, checkpointer, rng, step=start)
         with _peers_watched(loop):
-            with _Preemption() as preemption:
+            with Preemption() as preemption:
                 state, step, pending = loop.train(state, start, preemption, chief=chief)
             if preemption.requested:
                 log.warning("stopped at step %d by SIGTERM; rerun the same command to resume", step)

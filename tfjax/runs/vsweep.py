@@ -32,7 +32,6 @@ import numpy as np
 
 from tfjax import errors, models
 from tfjax.data import pipeline
-from tfjax.nn import losses
 from tfjax.runs import build, evaluator, lock, trainer, vsweep_state
 from tfjax.training import checkpointing, logger, optim, steps, vectorized
 
@@ -104,15 +103,6 @@ def splitting_keys(trials: Sequence[Trial]) -> list[str]:
     )
 
 
-def mesh_shape(num_trials: int, num_devices: int, batch_size: int) -> tuple[int, int]:
-    """(trial, data) mesh sizes: trials spread over as many devices as divide them, and the
-    devices left over (as many as divide the batch) data-parallel within each trial."""
-    trial = math.gcd(num_trials, num_devices)
-    rest = num_devices // trial
-    data = max(d for d in range(1, rest + 1) if rest % d == 0 and batch_size % d == 0)
-    return trial, data
-
-
 def _check_trials(trials: Sequence[Trial]) -> None:
     names = [trial.name for trial in trials]
     if len(set(names)) < len(names):
@@ -153,9 +143,9 @@ def train_trials(trials: Sequence[Trial], directory: str | pathlib.Path) -> list
             holding another sweep's checkpoints, or a workdir in use.
     """
     _check_trials(trials)
-    directory = trainer._make_workdir(pathlib.Path(directory))
+    directory = trainer.make_workdir(pathlib.Path(directory))
     for trial in trials:
-        trainer._make_workdir(trial.workdir)
+        trainer.make_workdir(trial.workdir)
     with contextlib.ExitStack() as stack:
         for path in (directory, *(trial.workdir for trial in trials)):
             stack.enter_context(lock.held(path))
@@ -250,7 +240,7 @@ class _Group:
 
 
 class _Loop:
-    """Step, log, evaluate, halve and save on schedule (`trainer._Loop`'s order)."""
+    """Step, log, evaluate, halve and save on schedule (the order of `trainer`'s loop)."""
 
     def __init__(self, group: _Group):
         self.group = group
@@ -292,7 +282,7 @@ class _Loop:
                 (trial.workdir / "config.json").write_text(
                     json.dumps(build.config_dict(trial.config), indent=2)
                 )
-            with trainer._Preemption() as preemption:
+            with trainer.Preemption() as preemption:
                 state, step = self._steps(state, rngs, start, preemption, checkpointer)
             if preemption.requested:
                 log.warning("stopped at step %d by SIGTERM; rerun the same command to resume", step)
@@ -339,7 +329,7 @@ class _Loop:
             if not live[:, i].all():
                 self._frozen(i, step - len(fetched) + 1 + int(np.argmin(live[:, i])), fetched)
                 continue
-            summary = _trial_summary(
+            summary = vsweep_state.trial_summary(
                 [{k: v[i] for k, v in m.items()} for m in fetched], elapsed, untimed
             )
             writer.write(step, "train", summary)
@@ -369,18 +359,18 @@ class _Loop:
     def _halve(self, state, step: int):
         """Successive halving: keeps the better half of the live trials by eval loss."""
         live = [i for i, s in enumerate(self.status) if s == "ok"]
-        losses = {}
+        eval_loss = {}
         for i in live:
             params = self.group.placement.trial_params(state, i)
             run = self.group.runs[i]
-            losses[i] = evaluator.evaluate(run, params, max_examples=self.tcfg.max_eval_examples)[
-                "loss"
-            ]
-        ranked = sorted(live, key=lambda i: (not math.isfinite(losses[i]), losses[i]))
+            eval_loss[i] = evaluator.evaluate(
+                run, params, max_examples=self.tcfg.max_eval_examples
+            )["loss"]
+        ranked = sorted(live, key=lambda i: (not math.isfinite(eval_loss[i]), eval_loss[i]))
         stop = ranked[math.ceil(len(live) / 2) :]
         for i in stop:
             self.status[i] = (
-                f"stopped at step {step} (successive halving, eval loss {losses[i]:.4g})"
+                f"stopped at step {step} (successive halving, eval loss {eval_loss[i]:.4g})"
             )
             log.info("trial %s %s", self.group.trials[i].name, self.status[i])
         mask = np.zeros(len(self.status), bool)
@@ -402,19 +392,3 @@ class _Loop:
             writer.close()
             outcomes.append(Outcome(self.status[i], result))
         return outcomes
-
-
-def _trial_summary(pending: list[dict], elapsed: float, untimed: int) -> dict[str, float]:
-    """One trial's train record over the steps since the last log, as `trainer._log_train`
-    writes it for a run alone."""
-    stacked = {k: np.stack([m[k] for m in pending]) for k in pending[0] if k != "live"}
-    sums = evaluator.host_sum(stacked, across_hosts=False)
-    timed = evaluator.host_sum({"w": stacked["weight_sum"][untimed:]}, across_hosts=False)["w"]
-    summary = losses.summarize(
-        {k: v for k, v in sums.items() if k not in ("grad_norm", "learning_rate")}
-    )
-    summary["grad_norm"] = sums["grad_norm"] / len(pending)
-    summary["learning_rate"] = float(pending[-1]["learning_rate"])
-    summary["tokens_per_second"] = timed / max(elapsed, 1e-9)
-    summary["steps_per_second"] = (len(pending) - untimed) / max(elapsed, 1e-9)
-    return summary

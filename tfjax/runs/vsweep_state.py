@@ -9,6 +9,7 @@ its dropout key, its iterator position and its config.
 """
 
 import dataclasses
+import math
 import pathlib
 import shutil
 from collections.abc import Sequence
@@ -21,7 +22,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tfjax import errors
 from tfjax.data import datasets
-from tfjax.runs import build
+from tfjax.nn import losses
+from tfjax.runs import build, evaluator
 from tfjax.training import checkpointing, optim, steps, vectorized
 
 CHECKPOINTS = "checkpoints"
@@ -66,10 +68,8 @@ class Placement:
 
     @classmethod
     def create(cls, num_trials: int, batch_size: int, *, shared_batch: bool) -> "Placement":
-        from tfjax.runs import vsweep
-
         devices = jax.local_devices()
-        trial, data = vsweep.mesh_shape(num_trials, len(devices), batch_size)
+        trial, data = mesh_shape(num_trials, len(devices), batch_size)
         if trial * data == 1:
             return cls(None, shared_batch)
         grid = np.asarray(devices[: trial * data]).reshape(trial, data)
@@ -234,3 +234,28 @@ def _as_structure(trial_state: Any, target: Any) -> Any:
             "checkpointed by another version of tfjax?"
         )
     return jax.tree.unflatten(jax.tree.structure(target), leaves)
+
+
+def mesh_shape(num_trials: int, num_devices: int, batch_size: int) -> tuple[int, int]:
+    """(trial, data) mesh sizes: trials spread over as many devices as divide them, and the
+    devices left over (as many as divide the batch) data-parallel within each trial."""
+    trial = math.gcd(num_trials, num_devices)
+    rest = num_devices // trial
+    data = max(d for d in range(1, rest + 1) if rest % d == 0 and batch_size % d == 0)
+    return trial, data
+
+
+def trial_summary(pending: list[dict], elapsed: float, untimed: int) -> dict[str, float]:
+    """One trial's train record over the steps since the last log, as `trainer`
+    writes it for a run alone."""
+    stacked = {k: np.stack([m[k] for m in pending]) for k in pending[0] if k != "live"}
+    sums = evaluator.host_sum(stacked, across_hosts=False)
+    timed = evaluator.host_sum({"w": stacked["weight_sum"][untimed:]}, across_hosts=False)["w"]
+    summary = losses.summarize(
+        {k: v for k, v in sums.items() if k not in ("grad_norm", "learning_rate")}
+    )
+    summary["grad_norm"] = sums["grad_norm"] / len(pending)
+    summary["learning_rate"] = float(pending[-1]["learning_rate"])
+    summary["tokens_per_second"] = timed / max(elapsed, 1e-9)
+    summary["steps_per_second"] = (len(pending) - untimed) / max(elapsed, 1e-9)
+    return summary
