@@ -250,15 +250,13 @@ SWEEP_WITH_FAKE_TRAIN = textwrap.dedent("""
 """)
 
 
+def _run(argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False)
+
+
 def test_plot_flag_draws_the_sweep_after_the_runs(spec, tmp_path):
     flags = [f"--config={spec}", "--sweep=lr", f"--workdir={tmp_path}", "--plot"]
-    result = subprocess.run(
-        [sys.executable, "-c", SWEEP_WITH_FAKE_TRAIN, FAKE_TRAIN, *flags],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = _run([sys.executable, "-c", SWEEP_WITH_FAKE_TRAIN, FAKE_TRAIN, *flags])
     assert result.returncode == 1, result.stderr  # lr2.0 fails
     plots = [line for line in result.stdout.splitlines() if line.startswith("plot: ")]
     names = ["curves.png", "final_vs_optim.learning_rate.png"]
@@ -267,7 +265,7 @@ def test_plot_flag_draws_the_sweep_after_the_runs(spec, tmp_path):
 
 
 def test_plot_and_print_exclude_each_other(spec, tmp_path):
-    result = subprocess.run(
+    result = _run(
         [
             sys.executable,
             "-m",
@@ -276,11 +274,7 @@ def test_plot_and_print_exclude_each_other(spec, tmp_path):
             "--sweep=lr",
             "--print",
             "--plot",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
+        ]
     )
     assert result.returncode == 2
     assert result.stderr.splitlines() == [

@@ -179,6 +179,8 @@ class _Group:
         self.hyper = vectorized.stack(hyper)  # {name: [T]}
         self.seeds = [trial.config.seed for trial in trials]
         self.shared_batch = len(set(self.seeds)) == 1
+        self._eval_steps: dict[float, object] = {}
+        self._greedy = build.make_greedy(self.model, self.config.data.max_target_len)  # shared
         self.runs = [self._trial_run(trial) for trial in trials]
         self.placement = vsweep_state.Placement.create(
             len(trials), self.config.train.global_batch_size, shared_batch=self.shared_batch
@@ -186,14 +188,15 @@ class _Group:
         self.step_fn = self._compile()
 
     def _trial_run(self, trial: Trial) -> build.Run:
-        """What `evaluator.evaluate` needs of one trial (its data, label smoothing, model)."""
-        eval_step = jax.jit(
-            steps.make_eval_step(
-                self.model,
-                kind=self.model_config.kind,
-                label_smoothing=trial.config.train.label_smoothing,
+        """What `evaluator.evaluate` needs of one trial (its data and label smoothing); the
+        trials share the compiled greedy decoder and one eval step per smoothing value."""
+        smoothing = trial.config.train.label_smoothing
+        if smoothing not in self._eval_steps:
+            self._eval_steps[smoothing] = jax.jit(
+                steps.make_eval_step(
+                    self.model, kind=self.model_config.kind, label_smoothing=smoothing
+                )
             )
-        )
         return build.Run(
             config=trial.config,
             model_config=self.model_config,
@@ -201,10 +204,10 @@ class _Group:
             examples=self.examples[trial.config.seed],
             strategy=None,
             train_step=None,
-            eval_step=eval_step,
+            eval_step=self._eval_steps[smoothing],
             abstract_state=None,
             optimizer=None,
-            greedy=build.make_greedy(self.model, trial.config.data.max_target_len),
+            greedy=self._greedy,
         )
 
     def _compile(self):
