@@ -59,6 +59,7 @@ def main(entry: Callable, *, config_overrides: bool = False, argv: Sequence[str]
         argv: the command line, program name first (default `sys.argv`).
     """
     argv = list(sys.argv if argv is None else argv)
+    sys.unraisablehook = _ignore_closed_event_loop(sys.unraisablehook)
     if "debug" not in flags.FLAGS:
         flags.DEFINE_bool("debug", False, "Show the traceback of user errors too.")
     try:
@@ -70,6 +71,27 @@ def main(entry: Callable, *, config_overrides: bool = False, argv: Sequence[str]
         app.run(entry, argv=argv, flags_parser=_parse_flags)
     except (Exception, KeyboardInterrupt) as error:
         sys.exit(report(error, debug=_debug(argv)))
+
+
+def _ignore_closed_event_loop(hook: Callable) -> Callable:
+    """Wraps `sys.unraisablehook` to drop orbax's leftovers from a failed restore.
+
+    When one array of a checkpoint cannot be read, orbax gives up and closes its event loop
+    while tensorstore still finishes the other reads; their callbacks then fail with
+    "RuntimeError: Event loop is closed", which Python prints as a bare traceback after our
+    one-line error. Nothing is lost with them; any other unraisable error still reaches `hook`.
+    """
+    if getattr(hook, "ignores_closed_event_loop", False):
+        return hook
+
+    def filtered(unraisable) -> None:
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        hook(unraisable)
+
+    filtered.ignores_closed_event_loop = True
+    return filtered
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
