@@ -60,6 +60,7 @@ LAYERS = {
     "inference": {"nn", "models", "data"},
     "training": {"nn", "models", "data", "parallel"},
     "runs": {"nn", "models", "data", "parallel", "inference", "training"},
+    "viz": {"training"},  # arrays in, figures out; metrics.jsonl through training.logger
 }
 
 

@@ -10,9 +10,20 @@ from tfjax import _lazy
 __version__ = "0.1.0"
 
 # The layers, bottom up (each imports only those before it; `data` and `parallel` nothing):
-# nn → models → inference → training → runs, beside data and parallel. `errors` (the family of
+# nn → models → inference → training → runs, beside data and parallel; `viz` (pictures, drawn
+# with matplotlib when installed) reads metrics through `training`. `errors` (the family of
 # errors a user can fix) imports nothing, so every layer may import it.
-_SUBPACKAGES = ("data", "errors", "inference", "models", "nn", "parallel", "runs", "training")
+_SUBPACKAGES = (
+    "data",
+    "errors",
+    "inference",
+    "models",
+    "nn",
+    "parallel",
+    "runs",
+    "training",
+    "viz",
+)
 
 __all__ = ["__version__", *_SUBPACKAGES]
 __getattr__, _dir = _lazy.submodules(__name__, _SUBPACKAGES)
