@@ -1,18 +1,27 @@
-"""Plot a finished sweep: `python -m experiments.plot --sweep_dir=runs/sweeps/lr`.
+"""Plot a finished sweep or the learning curves of runs.
 
-Reads what `experiments.sweep` leaves in `ROOT/SWEEP`: `summary.csv` (one row per run) and each
-run's `ROOT/SWEEP/<run>/metrics.jsonl`, and writes PNGs next to `summary.md`:
+    python -m experiments.plot --sweep_dir=runs/sweeps/lr
+    python -m experiments.plot --workdir=runs/a --workdir=runs/b [--out=DIR] [--metrics=loss,bleu]
+
+`--workdir` (repeatable) reads each run's `metrics.jsonl` and writes `learning_curves.png`
+(`tfjax.viz.learning_curves`: one panel per metric, train a line, eval markers, one colour per
+run) into `--out`, by default the first workdir.
+
+`--sweep_dir` reads what `experiments.sweep` leaves in `ROOT/SWEEP`: `summary.csv` (one row per
+run) and each run's `ROOT/SWEEP/<run>/metrics.jsonl`, and writes PNGs next to `summary.md`:
   * `curves.png`: train loss and eval loss against step, one line per run (log y when the
     losses span more than 10x); a failed run is dashed and marked "(failed)" in the legend;
   * `final_vs_<key>.png` for each swept key whose values are numbers: the final eval loss (and
     BLEU / exact match when the runs report them) against the value (log x when the values
     are positive and span more than 10x). A run that failed or whose metric is NaN is a red
     x along the top of the panel, never left out.
-Prints the paths written. `experiments.sweep --plot` does the same after a sweep.
+`experiments.sweep --plot` does the same after a sweep. Either mode prints the paths written;
+giving both or neither is a one-line usage error.
 
 Collecting the numbers (`collect_runs`, `final_points`, ...) is pure and separate from drawing.
-matplotlib (the `plot` extra) is imported only when drawing, with the Agg backend on each figure
-(the process-wide backend is left alone), so importing this module does not import it.
+matplotlib (the `viz` extra) is imported only when drawing, with the Agg backend on each figure
+(`tfjax.viz.canvas`: the process-wide backend is left alone), so importing this module does not
+import it.
 """
 
 import csv
@@ -25,19 +34,19 @@ from collections.abc import Mapping, Sequence
 from absl import flags
 
 from experiments import cli
-from tfjax import errors
+from tfjax import errors, viz
 from tfjax.training import logger
+from tfjax.viz import canvas, curves
 
 FLAGS = flags.FLAGS
 SUMMARY_FILE = "summary.csv"
 CURVES_FILE = "curves.png"
+LEARNING_CURVES_FILE = "learning_curves.png"  # the --workdir mode's picture
 # Summary columns that are not swept keys; metric columns start with "eval/" or "train/".
 _RUN_COLUMNS = ("run", "status", "seconds")
 _METRIC_PREFIXES = ("eval/", "train/")
 # Final eval metrics plotted against each swept key: loss always, the others when reported.
 FINAL_METRICS = ("loss", "bleu", "exact_match")
-_WIDE_RANGE = 10.0  # log scale when max / min exceeds this
-_INSTALL_HINT = 'pip install -e ".[plot]"'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,21 +76,6 @@ class RunSeries:
         return self.status != "ok" or not all(math.isfinite(loss) for loss in losses)
 
 
-def _loss_curve(records: Sequence[Mapping], kinds: Sequence[str]) -> tuple[list[int], list[float]]:
-    points = [
-        (r["step"], float(r["loss"])) for r in records if r.get("kind") in kinds and "loss" in r
-    ]
-    return [step for step, _ in points], [loss for _, loss in points]
-
-
-def _eval_curve(records: Sequence[Mapping]) -> tuple[list[int], list[float]]:
-    steps, losses = _loss_curve(records, ("eval",))
-    for step, loss in zip(*_loss_curve(records, ("final_eval",)), strict=True):
-        if not steps or step > steps[-1]:
-            steps, losses = [*steps, step], [*losses, loss]
-    return steps, losses
-
-
 def collect_runs(
     rows: Sequence[Mapping[str, str]], records: Mapping[str, Sequence[Mapping]]
 ) -> list[RunSeries]:
@@ -95,7 +89,8 @@ def collect_runs(
     for row in rows:
         own = records.get(row["run"], [])
         values = {key: text for key, text in row.items() if key not in ("run", "status")}
-        train, evals = _loss_curve(own, ("train",)), _eval_curve(own)
+        train = curves.metric_series(own, "loss", "train")
+        evals = curves.metric_series(own, "loss", "eval")
         runs.append(RunSeries(row["run"], row["status"], values, train, evals))
     return runs
 
@@ -150,10 +145,7 @@ def final_points(
     return sorted(good), sorted(failed)
 
 
-def wide_positive_range(values: Sequence[float]) -> bool:
-    """Whether the finite values are all positive and max / min exceeds 10 (log scale)."""
-    finite = [v for v in values if math.isfinite(v)]
-    return bool(finite) and min(finite) > 0 and max(finite) / min(finite) > _WIDE_RANGE
+wide_positive_range = curves.wide_positive_range  # log scale: positive, max / min > 10
 
 
 def read_rows(directory: pathlib.Path) -> list[dict[str, str]]:
@@ -174,27 +166,13 @@ def read_rows(directory: pathlib.Path) -> list[dict[str, str]]:
     return rows
 
 
-def _figure_tools():
-    """matplotlib's Figure and Agg canvas classes, or a one-line error saying how to install."""
-    try:
-        from matplotlib import figure
-        from matplotlib.backends import backend_agg
-    except ImportError as err:
-        raise errors.DependencyError(
-            f"plotting a sweep needs matplotlib, which is not installed: {_INSTALL_HINT}"
-        ) from err
-    return figure.Figure, backend_agg.FigureCanvasAgg
-
-
 def require_matplotlib() -> None:
     """Raises `errors.DependencyError` now if plots could not be drawn later."""
-    _figure_tools()
+    canvas.figure_tools()
 
 
 def _new_figure(num_panels: int):
-    figure_class, canvas_class = _figure_tools()
-    fig = figure_class(figsize=(5.0 * num_panels + 2.0, 4.0), layout="constrained")
-    canvas_class(fig)  # Agg on this figure only
+    fig = canvas.new_figure(5.0 * num_panels + 2.0, 4.0)
     return fig, fig.subplots(1, num_panels, squeeze=False)[0]
 
 
@@ -282,10 +260,53 @@ def plot_sweep(directory: str | pathlib.Path) -> list[pathlib.Path]:
     return paths
 
 
+def plot_workdirs(
+    workdirs: Sequence[str | pathlib.Path],
+    out: str | pathlib.Path | None = None,
+    metrics: Sequence[str] = ("loss",),
+) -> pathlib.Path:
+    """Writes `learning_curves.png` of the runs in `workdirs` into `out`.
+
+    Args:
+        workdirs: run directories holding `metrics.jsonl`; each is labelled by its folder name.
+        out: the folder to write into (created if missing); default the first workdir.
+        metrics: the metrics to draw, one panel each.
+
+    Returns:
+        The path written.
+
+    Raises:
+        FileNotFoundError: a workdir without `metrics.jsonl`.
+        ValueError: a metric no run has logged.
+        tfjax.errors.DependencyError: matplotlib is not installed.
+    """
+    fig = viz.learning_curves(workdirs, metrics=metrics)
+    folder = pathlib.Path(workdirs[0] if out is None else out)
+    return canvas.save(fig, folder / LEARNING_CURVES_FILE)
+
+
+def _check_mode() -> None:
+    """Exactly one of --sweep_dir and --workdir; --out and --metrics only with --workdir."""
+    if FLAGS.sweep_dir and FLAGS.workdir:
+        raise cli.UsageError("--sweep_dir and --workdir are two modes: give one of them")
+    if not (FLAGS.sweep_dir or FLAGS.workdir):
+        raise cli.UsageError(
+            "nothing to plot: give --sweep_dir=ROOT/SWEEP (a sweep's plots) or --workdir=DIR, "
+            "repeatable (runs' learning curves)"
+        )
+    if FLAGS.sweep_dir and (FLAGS.out or FLAGS.metrics):
+        raise cli.UsageError("--out and --metrics go with --workdir; --sweep_dir writes beside it")
+
+
 def main(argv: Sequence[str]) -> None:
-    """Plots `--sweep_dir` and prints the paths written."""
+    """Plots `--sweep_dir` or the `--workdir`s and prints the paths written."""
     cli.no_arguments(argv)
-    for path in plot_sweep(FLAGS.sweep_dir):
+    _check_mode()
+    if FLAGS.sweep_dir:
+        paths = plot_sweep(FLAGS.sweep_dir)
+    else:
+        paths = [plot_workdirs(FLAGS.workdir, FLAGS.out, FLAGS.metrics or ("loss",))]
+    for path in paths:
         print(path)
 
 
@@ -294,7 +315,13 @@ def _define_flags() -> None:
     flags.DEFINE_string(
         "sweep_dir", None, "Sweep directory ROOT/SWEEP holding summary.csv, e.g. runs/sweeps/lr."
     )
-    flags.mark_flag_as_required("sweep_dir")
+    flags.DEFINE_multi_string(
+        "workdir", None, "A run's workdir holding metrics.jsonl; repeat it to compare runs."
+    )
+    flags.DEFINE_string(
+        "out", None, f"With --workdir: folder for {LEARNING_CURVES_FILE} (default the first one)."
+    )
+    flags.DEFINE_list("metrics", None, "With --workdir: metrics to draw, e.g. loss,bleu (loss).")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Tests for experiments/plot.py: the series collected from a sweep, the PNGs, the errors.
+"""Tests for experiments/plot.py: the series collected from a sweep, the PNGs, the two modes.
 
 The fake sweep is written the way a real one is: metrics through `logger.MetricWriter`, the
 summary through `experiments.sweep.summary_row` and `write_summary`.
@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from experiments import plot, sweep
+from experiments import cli, plot, sweep
 from tfjax import errors
 from tfjax.training import logger
 
@@ -153,7 +153,7 @@ def test_missing_directory_and_summary_are_one_line_errors(tmp_path):
 
 def test_missing_matplotlib_says_what_to_install(sweep_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
-    with pytest.raises(errors.DependencyError, match=r'pip install -e "\.\[plot\]"') as info:
+    with pytest.raises(errors.DependencyError, match=r'pip install -e "\.\[viz\]"') as info:
         plot.plot_sweep(sweep_dir)
     assert "\n" not in str(info.value)
     assert not (sweep_dir / "curves.png").exists()
@@ -167,10 +167,49 @@ def _python(*args: str) -> subprocess.CompletedProcess:
 
 def test_main_prints_the_paths(monkeypatch, capsys):
     written = [pathlib.Path("d/curves.png"), pathlib.Path(f"d/final_vs_{KEY}.png")]
-    monkeypatch.setattr(plot, "FLAGS", types.SimpleNamespace(sweep_dir="d"))
+    monkeypatch.setattr(plot, "FLAGS", _flags(sweep_dir="d"))
     monkeypatch.setattr(plot, "plot_sweep", lambda directory: written if directory == "d" else [])
     plot.main(["plot"])
     assert capsys.readouterr().out.splitlines() == ["d/curves.png", f"d/final_vs_{KEY}.png"]
+
+
+def _flags(**values) -> types.SimpleNamespace:
+    """The flags `main` reads, unset unless given."""
+    unset = {"sweep_dir": None, "workdir": None, "out": None, "metrics": None}
+    return types.SimpleNamespace(**(unset | values))
+
+
+def test_main_draws_the_learning_curves_of_workdirs(sweep_dir, monkeypatch, capsys):
+    from matplotlib import image
+
+    workdirs = [str(sweep_dir / "lr0.01"), str(sweep_dir / "lr0.1")]
+    monkeypatch.setattr(plot, "FLAGS", _flags(workdir=workdirs, metrics=["loss", "bleu"]))
+    plot.main(["plot"])
+    path = sweep_dir / "lr0.01" / "learning_curves.png"  # into the first workdir
+    assert capsys.readouterr().out.splitlines() == [str(path)]
+    assert image.imread(path).shape == (400, 1160, 4)  # two panels: 11.6 x 4 inches at 100 dpi
+    assert path.stat().st_size > 20_000  # curves, not an empty frame
+
+    monkeypatch.setattr(plot, "FLAGS", _flags(workdir=workdirs[:1], out=str(sweep_dir / "pics")))
+    plot.main(["plot"])
+    path = sweep_dir / "pics" / "learning_curves.png"
+    assert capsys.readouterr().out.splitlines() == [str(path)]
+    assert image.imread(path).shape == (400, 680, 4)  # one panel
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({}, r"nothing to plot: give --sweep_dir=ROOT/SWEEP .* or --workdir=DIR, repeatable"),
+        ({"sweep_dir": "d", "workdir": ["w"]}, "--sweep_dir and --workdir are two modes"),
+        ({"sweep_dir": "d", "out": "o"}, "--out and --metrics go with --workdir"),
+    ],
+)
+def test_main_wants_exactly_one_mode(values, message, monkeypatch):
+    monkeypatch.setattr(plot, "FLAGS", _flags(**values))
+    monkeypatch.setattr(plot, "plot_sweep", lambda directory: pytest.fail("plotted"))
+    with pytest.raises(cli.UsageError, match=message):
+        plot.main(["plot"])
 
 
 def test_importing_needs_no_matplotlib():
@@ -188,4 +227,22 @@ def test_cli_missing_directory_is_one_line(tmp_path):
         f"error: sweep directory {tmp_path / 'nope'} does not exist; run the sweep first: "
         "python -m experiments.sweep --config=FILE --sweep=NAME writes "
         "runs/sweeps/NAME/summary.csv"
+    ]
+
+
+def test_cli_modes_and_missing_workdirs_are_one_line(sweep_dir, tmp_path):
+    result = _python("-m", "experiments.plot")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "error: nothing to plot: give --sweep_dir=ROOT/SWEEP (a sweep's plots) or "
+        "--workdir=DIR, repeatable (runs' learning curves)"
+    ]
+    missing = tmp_path / "nope"
+    result = _python(
+        "-m", "experiments.plot", f"--workdir={sweep_dir / 'lr0.1'}", f"--workdir={missing}"
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"error: workdir {missing} does not exist: train a run there first "
+        f"(python -m experiments.train --config=FILE --workdir={missing})"
     ]
