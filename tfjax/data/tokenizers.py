@@ -1,13 +1,13 @@
 """Tokenizers: word level (SCAN, algorithmic tasks), character level and SentencePiece.
 
-All three share one interface (`encode(text, add_bos=, add_eos=)`, `decode(ids)`, `vocab_size`,
-`save(path)`, `load(path)`) and the same special ids. Ids 0-3 are reserved: PAD (0; padding is
-still read from segment ids, never from this id), BOS (1; also the [CLS] token of
-classification inputs, as in BERT, Devlin et al. 2019, Section 3), EOS (2) and UNK (3). Word and
-character ids follow by descending training count, ties broken alphabetically, so the same texts
-always give the same vocabulary; those vocabularies are saved as JSON next to the run, a
-SentencePiece model as its binary `.model` file (DESIGN.md, "Tokenizers"), so that resumed and
-evaluated runs reuse them.
+All three share one interface (`encode(text, add_bos=, add_eos=)`, `decode(ids)`,
+`pieces(ids)`, `vocab_size`, `save(path)`, `load(path)`) and the same special ids. Ids 0-3 are
+reserved: PAD (0; padding is still read from segment ids, never from this id), BOS (1; also the
+[CLS] token of classification inputs, as in BERT, Devlin et al. 2019, Section 3), EOS (2) and
+UNK (3). Word and character ids follow by descending training count, ties broken
+alphabetically, so the same texts always give the same vocabulary; those vocabularies are saved
+as JSON next to the run, a SentencePiece model as its binary `.model` file (DESIGN.md,
+"Tokenizers"), so that resumed and evaluated runs reuse them.
 """
 
 import collections
@@ -28,6 +28,15 @@ EOS_ID = 2
 UNK_ID = 3
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # Indexed by the ids above.
 SENTENCEPIECE_SAMPLE = 2_000_000  # sentences SentencePiece trains on at most
+
+
+def _checked(ids: Sequence[int] | Integer[np.ndarray, " L"], vocab_size: int) -> list[int]:
+    """`ids` as Python ints; ValueError for one outside [0, vocab_size)."""
+    out = [int(token) for token in ids]
+    for token in out:
+        if not 0 <= token < vocab_size:
+            raise ValueError(f"Id {token} is outside the vocabulary [0, {vocab_size}).")
+    return out
 
 
 def content_ids(ids: Sequence[int] | Integer[np.ndarray, " L"], vocab_size: int) -> list[int]:
@@ -135,6 +144,14 @@ class WordTokenizer:
             ValueError: for an id outside [0, vocab_size).
         """
         return self._join([self._words[token] for token in content_ids(ids, self.vocab_size)])
+
+    def pieces(self, ids: Sequence[int] | Integer[np.ndarray, " L"]) -> list[str]:
+        """The token of each id, specials included ("<eos>", ...): labels for plots.
+
+        Raises:
+            ValueError: for an id outside [0, vocab_size).
+        """
+        return [self._words[token] for token in _checked(ids, self.vocab_size)]
 
     @staticmethod
     def _split(text: str) -> list[str]:
@@ -303,6 +320,17 @@ class SentencePieceTokenizer:
             ValueError: for an id outside [0, vocab_size).
         """
         return self._sp.decode(content_ids(ids, self.vocab_size))
+
+    def pieces(self, ids: Sequence[int] | Integer[np.ndarray, " L"]) -> list[str]:
+        """The piece of each id ("▁the", ...), specials as `SPECIAL_TOKENS`: labels for plots.
+
+        Raises:
+            ValueError: for an id outside [0, vocab_size).
+        """
+        return [
+            SPECIAL_TOKENS[token] if token < len(SPECIAL_TOKENS) else self._sp.id_to_piece(token)
+            for token in _checked(ids, self.vocab_size)
+        ]
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the binary model to `path` (parent folders must exist)."""

@@ -6,5 +6,5 @@ workdir tools (`tfjax.runs`) build on it.
 
 from tfjax import _lazy
 
-__all__ = ["beam_search", "decoding", "evaluation"]
+__all__ = ["attention_maps", "beam_search", "decoding", "evaluation"]
 __getattr__, __dir__ = _lazy.submodules(__name__, __all__)

@@ -37,6 +37,7 @@ from tfjax.nn.attention.core import (
     IMPLEMENTATIONS,
     SCORES,
     attention_logits,
+    attention_weights,
     dot_product_attention,
     masked_softmax,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "MultiHeadAttention",
     "Window",
     "attention_logits",
+    "attention_weights",
     "cached_attention",
     "dot_product_attention",
     "local_attention",

@@ -115,6 +115,33 @@ def masked_softmax(
     return jnp.where(mask, jax.nn.softmax(logits, axis=-1), 0.0)
 
 
+def attention_weights(
+    q: Float[Array, "B L N H"],
+    k: Float[Array, "B S K H"],
+    *,
+    mask: Bool[Array, "#B #N #L #S"] | None = None,
+    bias: Float[Array, "#B #N #L #S"] | None = None,
+    score: str = "scaled_dot",
+    score_params: dict[str, Array] | None = None,
+) -> Float[Array, "B N L S"]:
+    """The attention probabilities of Eq. 1, softmax(scores + bias) over the allowed keys.
+
+    What `dot_product_attention` multiplies the values with (before probability dropout),
+    whichever path it takes: the reference path computes exactly this, the XLA and cuDNN
+    paths the same numbers in their own order. Each row sums to 1 over the keys `mask` allows;
+    rows with no allowed key are zeros.
+
+    Args: as `dot_product_attention`.
+
+    Returns:
+      float32 [B, N, L, S].
+    """
+    logits = attention_logits(q, k, score=score, score_params=score_params)
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    return masked_softmax(logits, mask)
+
+
 def _row_has_key(mask: Array, out_shape: tuple[int, ...]) -> Array:
     """[B, L, N|1, 1] bool: whether each query row may attend to at least one key."""
     row = jnp.any(mask, axis=-1)  # [B|1, N|1, L|1]
@@ -217,10 +244,7 @@ def dot_product_attention(
     dropout = dropout_active(dropout_rate, deterministic)
     if use_fast_path(score, implementation, dropout):
         return _jax_attention(q, k, v, mask, bias, score, implementation)
-    logits = attention_logits(q, k, score=score, score_params=score_params)
-    if bias is not None:
-        logits = logits + bias.astype(jnp.float32)
-    probs = masked_softmax(logits, mask)  # [B, N, L, S] float32
+    probs = attention_weights(q, k, mask=mask, bias=bias, score=score, score_params=score_params)
     if dropout:
         probs = probability_dropout(probs, dropout_rate, dropout_rng)
     b, n, length, s = probs.shape

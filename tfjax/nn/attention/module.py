@@ -19,6 +19,9 @@ from jaxtyping import Array, Bool, Float
 from tfjax.nn import positional
 from tfjax.nn.attention import cache, core, local, projections
 
+INTERMEDIATES = "intermediates"  # the Flax collection the weights are sown into
+ATTENTION_WEIGHTS = "attention_weights"  # their name there: a tuple of [B, N, L, S] arrays
+
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (Vaswani et al. 2017, §3.2.2) with grouped-query heads.
@@ -31,6 +34,12 @@ class MultiHeadAttention(nn.Module):
     "cached_value" [B, K, max_len, H] and "cache_index" (int32 scalar); cross-attention holds
     "cached_cross_key", "cached_cross_value" [B, K, S, H]. The cache is head-major so that
     `cached_attention` reads it in place at every step (see `attention.cache`).
+
+    Attention weights: when "intermediates" is mutable (`apply(..., mutable=["intermediates"])`,
+    or `tfjax.inference.attention_maps.capture`), each call sows its probabilities [B, N, L, S]
+    (float32, before dropout; `core.attention_weights` from this call's queries and keys, so
+    they exist for the XLA, cuDNN and blocked local paths too, as the reference formula computes
+    them) as "attention_weights". Otherwise nothing is computed: the program is unchanged.
 
     Parameters: "qkv" [D, N + 2K, H] (fused self-attention), or "query" [D, N, H] with "kv"
     [Dkv, 2K, H] (cross-attention) or "key"/"value" [Dkv, K, H] (unfused); "out" [N, H, D].
@@ -94,14 +103,18 @@ class MultiHeadAttention(nn.Module):
     def _attend(self, q, k, v, restrict, *, n: int, h: int, deterministic: bool, decode: bool):
         """Attention with this module's settings over k, v: [B, S, K, H], or head-major
         [B, K, S, H] from the cache when decoding; returns [B, L, N, H]. `restrict` is a
-        `local.Window`, or a (mask, bias) pair."""
+        `local.Window`, or a (mask, bias) pair. Sows the attention weights when asked."""
         dropout = core.dropout_active(self.dropout_rate, deterministic)
+        score_params = projections.score_weights(self, self.score, n, h, self.param_dtype)
+        if self.is_mutable_collection(INTERMEDIATES):  # only then: no cost otherwise
+            weights = _weights(q, k, restrict, self.score, score_params, decode=decode)
+            self.sow(INTERMEDIATES, ATTENTION_WEIGHTS, weights)
         return _attention_fn(restrict, decode)(
             q,
             k,
             v,
             score=self.score,
-            score_params=projections.score_weights(self, self.score, n, h, self.param_dtype),
+            score_params=score_params,
             dropout_rate=self.dropout_rate,
             dropout_rng=self.make_rng("dropout") if dropout else None,
             deterministic=deterministic,
@@ -171,6 +184,20 @@ class MultiHeadAttention(nn.Module):
         restrict = (mask, bias) if window is None else window
         out = self._attend(q, k, v, restrict, n=n, h=h, deterministic=deterministic, decode=decode)
         return project.output(out, width)  # [B, L, D]
+
+
+def _weights(q, k, restrict, score: str, score_params, *, decode: bool) -> Array:
+    """The attention probabilities [B, N, L, S] in float32 (`core.attention_weights`), for any
+    path: the cache's keys are head-major, a `local.Window` becomes its dense mask and bias."""
+    if decode:
+        k = cache.seq_major(k)  # [B, S, K, H]
+    if isinstance(restrict, local.Window):
+        mask, bias = local.dense_mask_and_bias(restrict, q.shape[1])
+    else:
+        mask, bias = restrict
+    return core.attention_weights(
+        q, k, mask=mask, bias=bias, score=score, score_params=score_params
+    )
 
 
 def _attention_fn(restrict, decode: bool):
