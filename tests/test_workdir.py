@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from experiments import config_utils
@@ -258,6 +259,34 @@ def test_evaluate_teacher_forced_runs(trained, name):
     assert json.loads((path / "eval.json").read_text()) == record
 
 
+@pytest.mark.parametrize("name", list(RUNS))
+def test_attention_maps_of_every_model_and_tokenizer_kind(trained, name):
+    run = workdir.load(trained(name))
+    tokenizer = run.tokenizer
+    text = tokenizer.decode(range(4, min(8, tokenizer.vocab_size)))  # ordinary tokens
+    maps, shown = run.attention(text)
+    ids = tokenizer.encode(text)
+    layers = {n.split("/")[-1] for n in maps.weights}
+    if KIND_OF[name] == "seq2seq":
+        (translation,), _ = run.translate([text], beam_size=1)
+        assert shown == translation and layers == {"self_attention", "cross_attention"}
+        cross = maps.layers("cross_attention")[-1]
+        assert maps.keys[cross] == tokenizer.pieces([*ids, tokenizers.EOS_ID])
+        rows = maps.queries[cross]  # the output up to EOS, or all it could produce
+        assert rows[-1] == "<eos>" or len(rows) == run.config.data.max_target_len
+    else:
+        assert shown == text and layers == {"self_attention"}
+        first = next(iter(maps.weights))
+        bos = [tokenizers.BOS_ID] if KIND_OF[name] == "classify" else []
+        expected = tokenizer.pieces([*bos, *ids])
+        assert maps.keys[first] == (expected if bos else ["<bos>", *expected[:-1]])
+    for layer, weights in maps.weights.items():
+        assert weights.shape[1:] == (len(maps.queries[layer]), len(maps.keys[layer])), layer
+        np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5, err_msg=layer)
+    with pytest.raises(workdir.WorkdirError, match="the text is empty"):
+        run.attention("  ")
+
+
 @pytest.mark.parametrize("name", ["seq2seq_char", "seq2seq_spm"])
 def test_evaluate_greedy_on_other_tokenizers(trained, name):
     record = evaluator.evaluate_workdir(trained(name), max_examples=4)
@@ -332,6 +361,29 @@ def test_translate_command_reads_stdin(trained, name):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["seq2seq_word", "lm_char", "classify_spm"])
+def test_attention_map_command_draws_one_png_per_layer(trained, name, tmp_path):
+    run = workdir.load(trained(name))
+    text = run.tokenizer.decode(range(4, min(7, run.tokenizer.vocab_size)))
+    done = _command(
+        "attention_map", f"--workdir={trained(name)}", f"--text={text}", f"--out={tmp_path}"
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    pngs = sorted(tmp_path.glob("*.png"))
+    assert sorted(map(pathlib.Path, lines[-len(pngs) :])) == pngs  # after the text
+    decoder = run.config.model.num_decoder_layers if KIND_OF[name] == "seq2seq" else 0
+    assert len(pngs) == run.config.model.num_layers + 2 * decoder
+    assert all(p.stat().st_size > 5_000 for p in pngs)
+    cross = _command(
+        "attention_map", f"--workdir={trained(name)}", f"--text={text}", f"--out={tmp_path}/x",
+        "--layers=cross",
+    )  # fmt: skip
+    assert cross.returncode == 0, cross.stderr
+    assert len(list((tmp_path / "x").glob("*.png"))) == decoder
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["lm_word", "lm_char", "lm_spm"])
 def test_generate_command(trained, name):
     done = _command(
@@ -350,11 +402,14 @@ def test_generate_command(trained, name):
         ("translate", "lm_word", "use python -m experiments.generate"),
         ("translate", "classify", "use python -m experiments.evaluate"),
         ("generate", "seq2seq_spm", "use python -m experiments.translate"),
+        ("attention_map", "seq2seq_word", "--text is empty"),
+        ("attention_map", "empty", "holds no trained run"),
     ],
 )
 def test_commands_fail_clearly(trained, module, name, expected, tmp_path):
     path = tmp_path if name == "empty" else trained(name)
-    args = ["--prompt=s1 |"] if module == "generate" else []
+    text = " " if expected.startswith("--text") else "s1 s2"
+    args = {"generate": ["--prompt=s1 |"], "attention_map": [f"--text={text}"]}.get(module, [])
     done = _command(module, f"--workdir={path}", *args, stdin="s1\n")
     assert done.returncode == 2
     assert done.stderr.startswith("error: ") and expected in done.stderr, done.stderr

@@ -25,7 +25,7 @@ import numpy as np
 
 from tfjax import errors
 from tfjax.data import datasets, tokenizers
-from tfjax.inference import decoding, evaluation
+from tfjax.inference import attention_maps, decoding, evaluation
 from tfjax.runs import build
 
 KINDS = ("encoder_decoder", "decoder_only", "encoder_only")
@@ -134,6 +134,43 @@ class Trained:
             decoding.check_lengths(self.run.model, max_length)
         except ValueError as err:
             raise WorkdirError(f"{what}={max_length}: {err}") from err
+
+    def attention(self, text: str, *, beam_size: int = 1) -> tuple[attention_maps.Maps, str]:
+        """Every attention map of the model on `text`, and the text the maps are of.
+
+        An encoder-decoder translates `text` (greedy, or beam search with `beam_size`) and
+        the maps are those of that translation, teacher-forced (`attention_maps.example_maps`:
+        cross-attention rows are the output tokens, columns the source tokens); the second
+        value is the translation. A decoder-only model reads `text` as a prompt, an
+        encoder-only model as its input (BOS first, as it was trained); the second value is
+        `text` itself.
+
+        Raises:
+            WorkdirError: for an empty text, or one longer than the model reads.
+        """
+        if not text.split():
+            raise WorkdirError("the text is empty: give a sentence to look at")
+        model, tokenizer, kind = self.run.model, self.tokenizer, self.config.model.kind
+        if kind == "encoder_decoder":
+            (source,), _ = self.encode([text])  # a Translator: EOS appended, truncated to fit
+            length = self.config.data.max_target_len
+            decode = evaluation.make_decoder(self.run, beam_size=beam_size, max_length=length)
+            segment_ids = np.ones((1, len(source)), np.int32)
+            tokens = decode(self.params, np.asarray([source], np.int32), segment_ids)
+            target = attention_maps.until_eos(np.asarray(tokens)[0])
+            maps = attention_maps.example_maps(
+                model, self.params, tokenizer, inputs=source, targets=target
+            )
+            return maps, self.detokenize(target)
+        ids = tokenizer.encode(text, add_bos=kind == "encoder_only")
+        limit = self.config.data.max_target_len if kind == "decoder_only" else None
+        limit = limit or self.config.data.max_source_len
+        if len(ids) > limit:
+            raise WorkdirError(
+                f"the text has {len(ids)} tokens, more than the model reads ({limit}): shorten it"
+            )
+        key = "targets" if kind == "decoder_only" else "inputs"
+        return attention_maps.example_maps(model, self.params, tokenizer, **{key: ids}), text
 
 
 def unknown_words(text: str, tokenizer: tokenizers.Tokenizer) -> list[str]:

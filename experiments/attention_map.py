@@ -1,0 +1,90 @@
+"""Draw what a trained model attends to: `python -m experiments.attention_map --workdir=W --text=T`.
+
+For an encoder-decoder run the text is translated (greedy, or `--beam_size`) and the maps are
+those of that translation: cross-attention with the output tokens as rows and the source
+tokens as columns, the decoder's and the encoder's self-attention. A decoder-only run reads the
+text as a prompt, an encoder-only run as its input. One PNG per attention layer, each with one
+panel per head (`tfjax.viz.attention_heads`), goes to `--out` (default `WORKDIR/attention`),
+named after the layer (`decoder_layer_0_cross_attention.png`); `--layers=cross` or `self`
+keeps one kind. Prints the translation (or the text) and then each path written.
+
+Needs matplotlib (`pip install -e ".[viz]"`). The weights come from
+`tfjax.runs.workdir.Trained.attention`: captured from the model's own forward pass
+(`tfjax.inference.attention_maps`), for every attention implementation.
+"""
+
+import importlib.util
+import pathlib
+
+from absl import flags
+
+from experiments import cli
+from tfjax import errors
+
+FLAGS = flags.FLAGS
+TOOL = "experiments.attention_map"
+LAYERS = {"all": None, "cross": "cross_attention", "self": "self_attention"}
+
+
+def file_name(layer: str) -> str:
+    """ "decoder/layer_0/cross_attention" -> "decoder_layer_0_cross_attention.png"."""
+    return layer.replace("/", "_").replace("#", "_call") + ".png"
+
+
+def draw(maps, directory: pathlib.Path, *, layers: str = "all", title: str = "") -> list:
+    """Writes one PNG per layer of `maps` (`attention_maps.Maps`); returns the paths."""
+    from tfjax import viz
+
+    kind = LAYERS[layers]
+    names = list(maps.weights) if kind is None else maps.layers(kind)
+    paths = []
+    for name in names:
+        figure = viz.attention_heads(
+            maps.weights[name],
+            query_tokens=maps.queries[name],
+            key_tokens=maps.keys[name],
+            title=f"{name}: {title}" if title else name,
+        )
+        paths.append(viz.save(figure, directory / file_name(name)))
+    return paths
+
+
+def _attention_map() -> None:
+    from tfjax.runs import workdir
+
+    if not FLAGS.text.split():
+        raise cli.UsageError("--text is empty: give a sentence to look at")
+    if FLAGS.layers not in LAYERS:
+        raise cli.UsageError(f"--layers={FLAGS.layers}: choose one of {', '.join(LAYERS)}")
+    if importlib.util.find_spec("matplotlib") is None:  # before the slow restore
+        raise errors.DependencyError(
+            "drawing attention maps needs matplotlib, which is not installed: "
+            'pip install -e ".[viz]"'
+        )
+    trained = workdir.load(FLAGS.workdir, tool=TOOL, step=FLAGS.step)
+    maps, text = trained.attention(FLAGS.text, beam_size=FLAGS.beam_size)
+    out = pathlib.Path(FLAGS.out) if FLAGS.out else trained.workdir / "attention"
+    paths = draw(maps, out, layers=FLAGS.layers, title=text)
+    cli.print_lines([text, *map(str, paths)], [])
+
+
+def main(argv):
+    cli.no_arguments(argv)
+    cli.quiet_logs()
+    _attention_map()
+
+
+def _define_flags() -> None:
+    """Flags exist only when run as a script, so importing this module defines none."""
+    flags.DEFINE_string("workdir", None, "Run directory of a trained model (any kind).")
+    flags.DEFINE_string("text", None, "A sentence: translated, continued or classified.")
+    flags.DEFINE_string("out", None, "Where the PNGs go (default: WORKDIR/attention).")
+    flags.DEFINE_string("layers", "all", "all, cross or self: which attention layers to draw.")
+    flags.DEFINE_integer("beam_size", 1, "Beam size of the translation (1 = greedy).")
+    flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
+    flags.mark_flags_as_required(["workdir", "text"])
+
+
+if __name__ == "__main__":
+    _define_flags()
+    cli.main(main)
