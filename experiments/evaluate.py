@@ -4,7 +4,8 @@ Flags: `--split` (default: the run's `data.eval_split`; any split of the run's d
 "test2016" for multi30k, or "train"), `--average_last` (1; N > 1 averages the parameters of the
 last N checkpoints), `--beam_size` (4; 1 = greedy), `--alpha` (0.6, beam length penalty),
 `--step` (default: the latest good checkpoint), `--max_examples` (0 = the whole split),
-`--batch_size` (64).
+`--batch_size` (64), `--source_file` with `--reference_file` (seq2seq runs: score any
+line-aligned text files instead of a split of the run's dataset).
 
 Reads `W/config.json`, restores the checkpoint, then
   * seq2seq runs: decodes the split and scores the detokenized hypotheses against the targets:
@@ -17,6 +18,10 @@ Reads `W/config.json`, restores the checkpoint, then
     tinyshakespeare) score the whole split in consecutive windows and also report
     `sampled_nll`, the mean loss over `--sample_windows` (2,400 = nanoGPT's 200 batches of 12)
     windows at random offsets, seed 0.
+  * with `--source_file=S --reference_file=R` (seq2seq runs): each line of S is translated as
+    `experiments.translate` would and scored against the same line of R as written: BLEU, chrF
+    and exact match (`tfjax.runs.evaluator.evaluate_files`); hypotheses go to
+    `W/eval/files_<S stem>_step<N>_beam<k>.hyp.txt`.
 The scores are printed and written to `W/eval.json` (the latest evaluation: split, step,
 beam_size, alpha, num_examples, the scores and the sacreBLEU signatures); a copy stays in
 `W/eval/<split>_step<N>_beam<k>.json`. Runs on one host, CPU included.
@@ -26,6 +31,7 @@ when run as a script.
 """
 
 import pathlib
+import sys
 
 from absl import flags
 
@@ -37,6 +43,31 @@ FLAGS = flags.FLAGS
 def _evaluate() -> None:
     from tfjax.runs import evaluator
 
+    files = (FLAGS.source_file, FLAGS.reference_file)
+    if any(files):
+        if not all(files):
+            raise cli.UsageError(
+                "--source_file and --reference_file come together: a model's inputs and the "
+                "lines its outputs are scored against"
+            )
+        if FLAGS.split is not None:
+            raise cli.UsageError("--split scores a split of the run's dataset; drop it with files")
+        record = evaluator.evaluate_files(
+            FLAGS.workdir,
+            FLAGS.source_file,
+            FLAGS.reference_file,
+            beam_size=FLAGS.beam_size,
+            alpha=FLAGS.alpha,
+            step=FLAGS.step,
+            max_examples=FLAGS.max_examples,
+            batch_size=FLAGS.batch_size,
+            average_last=FLAGS.average_last,
+        )
+        for warning in record["warnings"]:
+            print(f"warning: {warning}", file=sys.stderr)
+        print(evaluator.report(record))
+        print(f"written: {pathlib.Path(FLAGS.workdir) / evaluator.EVAL_FILE}")
+        return
     record = evaluator.evaluate_workdir(
         FLAGS.workdir,
         split=FLAGS.split,
@@ -62,6 +93,8 @@ def _define_flags() -> None:
     """Flags exist only when run as a script, so importing this module defines none."""
     flags.DEFINE_string("workdir", None, "Run directory written by experiments.train.")
     flags.DEFINE_string("split", None, "Split to evaluate: the run's data.eval_split or train.")
+    flags.DEFINE_string("source_file", None, "Seq2seq: score on these source lines instead...")
+    flags.DEFINE_string("reference_file", None, "...against these references (line-aligned).")
     flags.DEFINE_integer("beam_size", 4, "Beam size for seq2seq runs (1 = greedy).")
     flags.DEFINE_float("alpha", 0.6, "Beam search length penalty exponent.")
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")

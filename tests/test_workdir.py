@@ -287,6 +287,41 @@ def test_attention_maps_of_every_model_and_tokenizer_kind(trained, name):
         run.attention("  ")
 
 
+@pytest.mark.parametrize("name", ["seq2seq_word", "seq2seq_spm"])
+def test_evaluate_files_scores_any_text_like_the_split(trained, name, tmp_path):
+    from tfjax.inference import evaluation
+
+    path = trained(name)
+    run = workdir.load(path)
+    hypotheses, references, sources = evaluation.decode_dataset(
+        run.run, run.params, beam_size=2, alpha=0.6, max_examples=6
+    )
+    (tmp_path / "src.txt").write_text("".join(f"{line}\n" for line in sources))
+    (tmp_path / "ref.txt").write_text("".join(f"{line}\n" for line in references))
+    record = evaluator.evaluate_files(
+        path, tmp_path / "src.txt", tmp_path / "ref.txt", beam_size=2, max_examples=6
+    )
+    assert record["split"] == "files" and record["num_examples"] == 6
+    assert record["bleu"] == pytest.approx(evaluation.bleu(hypotheses, references))
+    assert record["chrf"] == pytest.approx(evaluation.chrf(hypotheses, references))
+    assert (path / record["hypotheses"]).read_text().splitlines() == hypotheses
+    assert json.loads((path / "eval.json").read_text())["source_file"] == str(tmp_path / "src.txt")
+    assert "files_src_step" in record["hypotheses"] and "6 lines" in evaluator.report(record)
+
+
+def test_evaluate_files_refuses_what_it_cannot_score(trained, tmp_path):
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("s1 s2\ns3\n")
+    ref.write_text("s2 s1\n")
+    with pytest.raises(workdir.WorkdirError, match="has 2 lines but reference_file has 1"):
+        evaluator.evaluate_files(trained("seq2seq_word"), src, ref)
+    with pytest.raises(workdir.WorkdirError, match=r"reference_file=.*no\.txt: no such file"):
+        evaluator.evaluate_files(trained("seq2seq_word"), src, tmp_path / "no.txt")
+    ref.write_text("s2 s1\ns3\n")
+    with pytest.raises(workdir.WorkdirError, match=r"use python -m experiments\.generate"):
+        evaluator.evaluate_files(trained("lm_word"), src, ref)
+
+
 @pytest.mark.parametrize("name", ["seq2seq_char", "seq2seq_spm"])
 def test_evaluate_greedy_on_other_tokenizers(trained, name):
     record = evaluator.evaluate_workdir(trained(name), max_examples=4)
@@ -346,6 +381,18 @@ def test_evaluate_command(trained, name):
     assert "loss" in saved and f"step {saved['step']}" in done.stdout
     if name.startswith("seq2seq"):
         assert saved["beam_size"] == 2 and "tok:13a" in done.stdout
+
+
+@pytest.mark.slow
+def test_evaluate_command_on_files(trained, tmp_path):
+    (tmp_path / "src.txt").write_text("s1 s2 s3\ns4 s5\n")
+    (tmp_path / "ref.txt").write_text("s3 s2 s1\ns5 s4\n")
+    files = [f"--source_file={tmp_path / 'src.txt'}", f"--reference_file={tmp_path / 'ref.txt'}"]
+    done = _command("evaluate", f"--workdir={trained('seq2seq_word')}", *files, "--beam_size=1")
+    assert done.returncode == 0, done.stderr
+    assert "2 lines" in done.stdout and "bleu " in done.stdout and "nrefs:1" in done.stdout
+    alone = _command("evaluate", f"--workdir={trained('seq2seq_word')}", files[0])
+    assert alone.returncode == 2 and "come together" in alone.stderr
 
 
 @pytest.mark.slow
