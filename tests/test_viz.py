@@ -128,6 +128,19 @@ def test_attention_map_takes_one_example_of_one_head():
     np.testing.assert_allclose(_image(_panels(viz.attention_map(weights))[0]), weights[0, 0])
 
 
+def test_attention_figures_make_room_for_long_rotated_labels_and_a_title():
+    weights = np.full((2, 3, 4), 0.25)
+    short, long = ["a"] * 4, ["I_TURN_LEFT"] * 4
+
+    def height(draw, values, **kwargs):
+        return draw(values, query_tokens=["q"] * 3, **kwargs).get_size_inches()[1]
+
+    for draw, values in ((viz.attention_heads, weights), (viz.attention_map, weights[0])):
+        assert height(draw, values, key_tokens=long) > height(draw, values, key_tokens=short)
+    plain = height(viz.attention_heads, weights, key_tokens=short)
+    assert height(viz.attention_heads, weights, key_tokens=short, title="t") > plain
+
+
 def test_attention_heads_has_a_panel_per_head_and_one_colour_bar():
     queries, keys = ["a", "b"], ["p", "q", "r", "s"]
     weights = _weights(5, 2, 4)  # [N, L, S]

@@ -22,6 +22,11 @@ _EVERY_TICK_UP_TO = 16  # cells per side up to which masks number every position
 _MASK_COLORS = ("#eeeeee", "#2b6cb0")  # False (masked), True (attends)
 
 
+def _label_room(tokens: Sequence[str] | None) -> float:
+    """Inches below a panel for its x tick labels, drawn rotated: grows with the longest."""
+    return 0.075 * max((len(token) for token in tokens or ()), default=0)
+
+
 def _clamp(value: float, low: float, high: float) -> float:
     return min(max(value, low), high)
 
@@ -233,7 +238,8 @@ def attention_map(
     length, kv_length = values.shape
     _check_tokens(query_tokens, key_tokens, length, kv_length)
     width = _clamp(_CELL * kv_length + 2.8, 4.0, 12.0)
-    fig = canvas.new_figure(width, _clamp(_CELL * length + 1.8, 3.2, 12.0))
+    height = _clamp(_CELL * length + 1.8, 3.2, 12.0) + _label_room(key_tokens)
+    fig = canvas.new_figure(width, height)
     ax = fig.subplots()
     image = _draw_weights(ax, values, float(values.max()) or 1.0)
     ax.set(xlabel="key", ylabel="query", title=title or "attention weights")
@@ -270,8 +276,8 @@ def attention_heads(
     _check_tokens(query_tokens, key_tokens, length, kv_length)
     cols, rows = _layout(num_heads, ncols)
     panel_w = _clamp(_CELL * kv_length + 0.9, 2.4, 6.0)
-    panel_h = _clamp(_CELL * length + 0.9, 2.2, 6.0)
-    fig = canvas.new_figure(panel_w * cols + 1.6, panel_h * rows + 0.6)
+    panel_h = _clamp(_CELL * length + 0.9, 2.2, 6.0) + _label_room(key_tokens)
+    fig = canvas.new_figure(panel_w * cols + 1.6, panel_h * rows + 0.6 + 0.4 * bool(title))
     axes = _grid(fig, num_heads, cols, rows)
     vmax = float(values.max()) or 1.0
     for head, ax in enumerate(axes):
