@@ -1,4 +1,5 @@
-"""Tests of the benchmark harness (`experiments/bench/`) and its torch peer (`torch_peer.py`).
+"""Tests of the benchmark harness (`experiments/bench/`) and its peers (`torch_peer.py`,
+`flax_peer.py`).
 
 Only tiny shapes: the benchmark shape itself is never run here.
 """
@@ -14,7 +15,17 @@ import pytest
 from absl import flags
 
 from experiments import cli
-from experiments.bench import depth, mfu, suite, timing, torch_peer, train, workload
+from experiments.bench import (
+    decode,
+    depth,
+    flax_peer,
+    mfu,
+    suite,
+    timing,
+    torch_peer,
+    train,
+    workload,
+)
 from tfjax import models
 
 # V, D, 1 + 1 layers, B = 2, S = L = 8: the same fields as `workload.SHAPE`.
@@ -32,9 +43,15 @@ TINY = dict(
 )
 
 
-@pytest.mark.parametrize("peer", ["", "torch"])
+@pytest.mark.parametrize("peer", ["", "torch", "flax"])
 def test_check_peer_accepts_known_peers(peer):
     suite.check_peer(peer, ["train", "decode"])
+
+
+def test_the_flax_peer_compares_train_or_decode():
+    suite.check_peer("flax", ["decode"])
+    with pytest.raises(cli.UsageError, match="train and decode"):
+        suite.check_peer("flax", ["attention"])
 
 
 @pytest.mark.parametrize("peer", ["jax", "Torch", "tensorflow"])
@@ -116,6 +133,68 @@ def test_torch_train_step_loss_is_finite_and_decreases(one_torch_thread):
     losses = [step() for _ in range(20)]
     assert all(isinstance(loss, float) and math.isfinite(loss) for loss in losses)
     assert np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.5, losses
+
+
+def test_flax_peer_has_the_parameters_of_the_tfjax_model():
+    data = workload.random_batch(TINY["batch"], TINY)
+    _, tfjax_params = workload.make_train_step(data, "float32", TINY)
+    assert flax_peer.num_params(TINY) == tfjax_params
+
+
+def test_flax_peer_sinusoids_are_the_tfjax_table():
+    from tfjax.nn import positional
+
+    table = positional.sinusoidal_table(12, 16)  # tfjax's default layout: sin/cos interleaved
+    np.testing.assert_allclose(flax_peer.sinusoids(12, 16), table, atol=1e-6)
+
+
+def test_flax_train_step_loss_is_finite_and_decreases():
+    step = flax_peer.make_train_step(
+        TINY, workload.random_batch(TINY["batch"], TINY), learning_rate=3e-3
+    )
+    losses = [float(step()) for _ in range(20)]
+    assert all(math.isfinite(loss) for loss in losses)
+    assert np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.5, losses
+
+
+def test_flax_peer_cached_greedy_is_uncached_greedy():
+    data = workload.random_batch(TINY["batch"], TINY)
+    model = flax_peer.build_model(TINY)
+    params = flax_peer.init_params(model, data)
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(3), len(leaves))
+    params = jax.tree.unflatten(  # away from the init, where every row predicts one token
+        tree, [x + jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    )
+    tokens = np.asarray(
+        flax_peer.make_greedy_decoder(TINY, params)(
+            params, data["inputs"], data["inputs_segment_ids"]
+        )
+    )
+    expected = np.zeros_like(tokens)
+    for t in range(TINY["target_len"]):  # teacher-forced on its own prefix, no cache
+        logits = model.apply(
+            {"params": params},
+            data["inputs"],
+            expected,
+            data["inputs_segment_ids"],
+            np.ones_like(expected),
+            train=False,
+        )
+        expected[:, t] = np.argmax(logits[:, t], axis=-1)
+    np.testing.assert_array_equal(tokens, expected)
+    assert len(np.unique(tokens)) > 2
+
+
+def test_benches_with_the_flax_peer_report_ratios_per_pair():
+    out = train.bench_train(2, TINY["batch"], "float32", peer="flax", shape=TINY)
+    peer = out["peer"]
+    assert peer["name"] == "flax" and peer["num_params"] == out["num_params"]
+    assert len(peer["ratio_per_pair"]) == 2 and peer["compile_seconds"] > 0
+    assert "attention probabilities" in peer["dropout"]
+    decoded = decode.bench_decode(2, TINY["batch"], "float32", shape=TINY, peer="flax")
+    assert len(decoded["peer"]["greedy_cached_ratio_per_pair"]) == 2
+    assert decoded["peer"]["greedy_cached"]["generated_tokens_per_second"]["median"] > 0
 
 
 def test_time_pairs_alternates_order():

@@ -10,19 +10,17 @@ import statistics
 from collections.abc import Callable
 
 import jax
-import numpy as np
+import jax.numpy as jnp
 from flax import linen as nn
 
-from experiments.bench import timing, workload
+from experiments.bench import flax_peer, timing, workload
 from tfjax.inference import beam_search, decoding
 
 NO_EOS = -1  # never produced: every variant generates exactly `target_len` tokens
 BEAM_SIZE = 4
 
 
-def _variants(
-    model: nn.Module, src: np.ndarray, seg: np.ndarray, length: int
-) -> dict[str, Callable]:
+def _variants(model: nn.Module, src: jax.Array, seg: jax.Array, length: int) -> dict[str, Callable]:
     """name -> jitted `fn(params)` decoding the sources `src` [B, S] (segment ids `seg` [B, S],
     int32) to `length` tokens each."""
     return {
@@ -51,14 +49,20 @@ def _variants(
 
 
 def bench_decode(
-    repeats: int, batch: int, dtype: str, shape: dict = workload.SHAPE, warmup: int = 1
+    repeats: int,
+    batch: int,
+    dtype: str,
+    shape: dict = workload.SHAPE,
+    warmup: int = 1,
+    peer: str = "",
 ) -> dict:
     """Generated tokens/s and compile time of each decoder (see the module docstring)."""
     model = workload.create_model(dtype, shape)
     data = workload.random_batch(batch, shape)
     params = jax.jit(model.init)(jax.random.key(0), data["inputs"], data["targets"])["params"]
     length = shape["target_len"]
-    variants = _variants(model, data["inputs"], data["inputs_segment_ids"], length)
+    src, seg = jnp.asarray(data["inputs"]), jnp.asarray(data["inputs_segment_ids"])
+    variants = _variants(model, src, seg, length)
     out = {"bench": "decode", "generated_tokens": batch * length}
     for name, fn in variants.items():
         first, times = timing.time_calls(lambda fn=fn: fn(params), repeats, warmup)
@@ -69,4 +73,30 @@ def bench_decode(
     cached = out["greedy_cached"]["generated_tokens_per_second"]["median"]
     uncached = out["greedy_uncached"]["generated_tokens_per_second"]["median"]
     out["cached_speedup"] = cached / uncached
+    if peer == "flax":
+        out["peer"] = _flax_greedy(variants["greedy_cached"], params, data, shape, dtype, repeats)
     return out
+
+
+def _flax_greedy(ours: Callable, params, data: dict, shape: dict, dtype: str, repeats: int):
+    """Cached greedy decoding of the stock-Flax peer (its own `decode=True` cache), timed in
+    alternating pairs with tfjax's `greedy_cached` on the same sources and length."""
+    peer_model = flax_peer.build_model(shape, dtype)
+    peer_params = flax_peer.init_params(peer_model, data)
+    decode = flax_peer.make_greedy_decoder(shape, peer_params, dtype=dtype)
+    src, seg = data["inputs"], data["inputs_segment_ids"]
+    peer_first = timing.time_once(lambda: decode(peer_params, src, seg))
+    _, times, peer_times = timing.time_pairs(
+        lambda: ours(params), lambda: decode(peer_params, src, seg), repeats
+    )
+    tokens = src.shape[0] * shape["target_len"]
+    ratios = [peer_t / t for t, peer_t in zip(times, peer_times, strict=True)]
+    return {
+        "name": flax_peer.PEER,
+        "greedy_cached": {
+            "generated_tokens_per_second": timing.rates(tokens, peer_times),
+            "compile_seconds": peer_first - statistics.median(peer_times),
+        },
+        "greedy_cached_ratio_per_pair": ratios,
+        "greedy_cached_ratio_median": statistics.median(ratios),
+    }

@@ -23,15 +23,19 @@ from experiments.bench import (
 )
 
 BENCHES = ("train", "decode", "attention", "depth", "sweep")
-PEERS = ("torch",)
+PEERS = ("torch", "flax")
 
 
 def check_peer(peer: str, benches: list[str]) -> None:
-    """Raises cli.UsageError unless `peer` is '' or one of PEERS, with `train` among `benches`."""
+    """Raises cli.UsageError unless `peer` is '' or one of PEERS, with a bench it compares."""
     if peer and peer not in PEERS:
         raise cli.UsageError(f"unknown --peer={peer!r}; choose '' (none) or one of {PEERS}")
-    if peer and "train" not in benches:
+    if peer == "torch" and "train" not in benches:
         raise cli.UsageError(f"--peer={peer} compares the train bench: add train to --bench")
+    if peer == "flax" and not {"train", "decode"} & set(benches):
+        raise cli.UsageError(
+            f"--peer={peer} compares the train and decode benches: add one to --bench"
+        )
 
 
 def check_options(benches: list[str], peer: str, warmup: int) -> None:
@@ -46,7 +50,7 @@ def check_options(benches: list[str], peer: str, warmup: int) -> None:
     if unknown:
         raise cli.UsageError(f"unknown --bench {sorted(unknown)}; choose from {BENCHES}")
     check_peer(peer, benches)
-    if peer:
+    if peer == "torch":
         torch_peer.require_torch()
     if warmup < 1:
         raise cli.UsageError(f"--warmup={warmup}: at least 1 (the first call compiles)")
@@ -93,7 +97,7 @@ def run(
             prng_impl=prng_impl,
             **common,
         ),
-        "decode": functools.partial(decode.bench_decode, **common),
+        "decode": functools.partial(decode.bench_decode, peer=peer, **common),
         "attention": functools.partial(attention.bench_attention, warmup=warmup),
         "depth": lambda repeats, _, dtype: depth.bench_depth(
             repeats, requested_batch, dtype, warmup=warmup

@@ -1,10 +1,13 @@
-"""The `train` sub-benchmark: tfjax train-step throughput and MFU, optionally beside torch.
+"""The `train` sub-benchmark: tfjax train-step throughput and MFU, optionally beside a peer.
 
 The line reports target tokens/s (median, min, max over the timed steps), compile time, model
 FLOPs per step (formula in the output) and model FLOPs utilisation against the host's measured
 matmul ceiling (`mfu`) and against the device's datasheet peak (`mfu_vs_peak`; see `mfu.py`).
 
-With `peer="torch"`, PyTorch's `torch.nn.Transformer` (`torch_peer.py`) runs in the same process
+With `peer="flax"`, the same model built from Flax's stock layers (`flax_peer.py`) runs in the
+same process, jitted, with the same dropout; its first call (compilation) is timed on its own
+before the pairs and reported as `peer.compile_seconds`. With `peer="torch"`, PyTorch's
+`torch.nn.Transformer` (`torch_peer.py`) runs in the same process
 on the same shape and batch (on the GPU when JAX computes on one, under `torch.autocast` when
 the dtype is 16-bit), and the line gets a `peer` object. After `warmup` untimed steps of each
 side (tfjax's first includes compilation), `repeats` pairs are timed; each pair times exactly
@@ -23,7 +26,7 @@ import statistics
 
 import jax
 
-from experiments.bench import mfu, timing, torch_peer, workload
+from experiments.bench import flax_peer, mfu, timing, torch_peer, workload
 
 
 def peer_device(platform: str) -> str:
@@ -56,21 +59,55 @@ def _utilisation(
     }
 
 
+def _peer_info(peer: str, device: str, shape: dict) -> dict:
+    """Name, version, device, parameter count and notes of the peer framework."""
+    if peer == "torch":
+        return {
+            **torch_peer.info(device),
+            "num_params": torch_peer.num_params(shape),
+            "notes": list(torch_peer.NOTES),
+        }
+    import flax
+
+    return {
+        "name": flax_peer.PEER,
+        "version": flax.__version__,
+        "device": jax.devices()[0].device_kind,
+        "num_params": flax_peer.num_params(shape),
+        "dropout": (
+            f"rate {shape['dropout_rate']} on embeddings and residual branches on both sides; "
+            "none on attention probabilities or feed-forward hidden units"
+        ),
+        "notes": list(flax_peer.NOTES),
+    }
+
+
 def _peer_result(
-    peer: str, times: list[float], peer_times: list[float], tokens: int, shape: dict, device: str
+    peer: str,
+    first: float,
+    times: list[float],
+    peer_times: list[float],
+    tokens: int,
+    shape: dict,
+    device: str,
 ) -> dict:
     """The `peer` object of the train line (see the module docstring)."""
-    del peer  # only "torch" so far
     ratios = [peer_t / t for t, peer_t in zip(times, peer_times, strict=True)]
+    median = statistics.median(peer_times)
     return {
-        **torch_peer.info(device),
-        "num_params": torch_peer.num_params(shape),
+        **_peer_info(peer, device, shape),
         "target_tokens_per_second": timing.rates(tokens, peer_times),
-        "step_seconds_median": statistics.median(peer_times),
+        "step_seconds_median": median,
+        "compile_seconds": first - median,
         "ratio_per_pair": ratios,
         "ratio_median": statistics.median(ratios),
-        "notes": list(torch_peer.NOTES),
     }
+
+
+def _peer_step(peer: str, shape: dict, data: dict, device: str, dtype: str):
+    if peer == "torch":
+        return torch_peer.make_train_step(shape, data, device=device, dtype=dtype)
+    return flax_peer.make_train_step(shape, data, dtype=dtype)
 
 
 def bench_train(
@@ -90,8 +127,9 @@ def bench_train(
     tokens = batch * shape["target_len"]
     device = jax.devices()[0]
     if peer:
-        torch_device = peer_device(device.platform)
-        peer_step = torch_peer.make_train_step(shape, data, device=torch_device, dtype=dtype)
+        peer_where = peer_device(device.platform)
+        peer_step = _peer_step(peer, shape, data, peer_where, dtype)
+        peer_first = timing.time_once(peer_step)  # compilation (flax) or first-call overhead
         first, times, peer_times = timing.time_pairs(run, peer_step, repeats, warmup)
     else:
         first, times = timing.time_calls(run, repeats, warmup)
@@ -107,5 +145,5 @@ def bench_train(
         "num_params": num_params,
     }
     if peer:
-        out["peer"] = _peer_result(peer, times, peer_times, tokens, shape, torch_device)
+        out["peer"] = _peer_result(peer, peer_first, times, peer_times, tokens, shape, peer_where)
     return out
