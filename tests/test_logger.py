@@ -170,6 +170,18 @@ def test_progress_bar_writes_to_stream(caplog):
     assert not caplog.records
 
 
+def test_progress_draws_a_bar_in_a_notebook(caplog):
+    # A Jupyter kernel's stderr (ipykernel.iostream.OutStream) says it is no terminal, but the
+    # notebook redraws tqdm's line in place: the bar it is, as on a terminal.
+    kernel_stream = type("OutStream", (io.StringIO,), {"__module__": "ipykernel.iostream"})()
+    assert not kernel_stream.isatty()
+    with caplog.at_level(logging.INFO, logger="tfjax"):
+        with logger.Progress(100, stream=kernel_stream) as progress:
+            progress.update(50, {"loss": 0.5})
+    assert "50/100" in kernel_stream.getvalue() and "loss 0.500" in kernel_stream.getvalue()
+    assert not caplog.records
+
+
 def test_disabled_progress_is_silent(caplog):
     stream = io.StringIO()
     with caplog.at_level(logging.INFO, logger="tfjax"):

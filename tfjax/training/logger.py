@@ -5,7 +5,7 @@
 scalar under `workdir/tensorboard` (tag `"{kind}/{name}"`). Non-finite floats are written as the
 JSON strings `"nan"`, `"inf"` and `"-inf"` (strict JSON has no NaN); `read_metrics` turns them
 back into floats. `Progress` shows step, loss, learning rate, tokens/s and ETA: a tqdm bar on a
-terminal, plain `logging` lines otherwise (log files, TPU job logs).
+terminal or in a notebook, plain `logging` lines otherwise (log files, TPU job logs).
 
 Importing this module is cheap and has no side effects: tensorboardX and tqdm are imported when
 first needed, and nothing here configures logging handlers (that is the entry point's job).
@@ -202,7 +202,11 @@ def read_metrics(workdir: str | os.PathLike, kind: str | None = None) -> list[di
     return records
 
 
-def _isatty(stream: Any) -> bool:
+def _shows_a_bar(stream: Any) -> bool:
+    """A terminal, or a Jupyter kernel's output (Jupyter and Colab redraw tqdm's line in place;
+    the kernel's streams say they are no terminal)."""
+    if type(stream).__module__.startswith("ipykernel."):
+        return True
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # no isatty, or a closed stream
@@ -236,10 +240,11 @@ def _fields(metrics: Mapping[str, SupportsFloat]) -> list[str]:
 class Progress:
     """Progress of a training loop: step, loss, learning rate, tokens/s and ETA.
 
-    On a terminal (`stream.isatty()`) a tqdm bar whose postfix carries loss, lr and tokens/s (the
-    bar itself shows step/total and the remaining time). Elsewhere one `logging` INFO line per
-    `update`, e.g. `step 1200/5000 loss 1.234 lr 3.1e-04 tokens/s 2,345 eta 0:03:12`; those
-    lines go to this module's logger (under "tfjax"), not to `stream`. The ETA uses the average
+    On a terminal (`stream.isatty()`) or in a Jupyter notebook a tqdm bar whose postfix carries
+    loss, lr and tokens/s (the bar itself shows step/total and the remaining time). Elsewhere
+    one `logging` INFO line per `update`, e.g.
+    `step 1200/5000 loss 1.234 lr 3.1e-04 tokens/s 2,345 eta 0:03:12`; those lines go to this
+    module's logger (under "tfjax"), not to `stream`. The ETA uses the average
     steps/s since this object was created, so a resumed run does not count the restored steps.
     """
 
@@ -260,13 +265,13 @@ class Progress:
             enabled: False makes every method a no-op (non-chief processes).
             stream: where the bar is drawn; default `sys.stderr`.
             use_bar: force the tqdm bar (True) or log lines (False); default: bar iff
-                `stream` is a terminal.
+                `stream` is a terminal or a notebook kernel's output.
         """
         self.total_steps = total_steps
         self.initial_step = initial_step
         self.enabled = enabled
         self._stream = sys.stderr if stream is None else stream
-        self._use_bar = _isatty(self._stream) if use_bar is None else use_bar
+        self._use_bar = _shows_a_bar(self._stream) if use_bar is None else use_bar
         self._start = time.perf_counter()
         self._bar: Any = None
         if enabled and self._use_bar:
