@@ -20,6 +20,8 @@ FLAGS = flags.FLAGS
 NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
 # Cell metadata that an execution adds (nbclient's timings, Jupyter's view state).
 _RUN_METADATA = ("execution", "collapsed", "scrolled", "ExecuteTime")
+# The kernel fills the notebook's language_info in (its Python version, ...): only the name stays.
+_LANGUAGE = {"name": "python"}
 
 
 def notebook_paths() -> list[pathlib.Path]:
@@ -37,7 +39,8 @@ def _nbformat() -> Any:
 
 def leftovers(notebook: Any) -> list[str]:
     """What an execution left in `notebook` (a dict-like nbformat v4 notebook), per cell."""
-    found = []
+    language = notebook.get("metadata", {}).get("language_info", _LANGUAGE)
+    found = [] if language == _LANGUAGE else ["notebook: metadata.language_info"]
     for index, cell in enumerate(notebook["cells"]):
         if cell["cell_type"] != "code":
             continue
@@ -53,6 +56,7 @@ def leftovers(notebook: Any) -> list[str]:
 
 def strip(notebook: Any) -> None:
     """Removes outputs, execution counts and run metadata from `notebook`, in place."""
+    notebook["metadata"]["language_info"] = dict(_LANGUAGE)
     for cell in notebook["cells"]:
         if cell["cell_type"] == "code":
             cell["outputs"] = []

@@ -17,6 +17,7 @@ COLAB = "https://colab.research.google.com/github/{owner}/tfjax/blob/main/notebo
 # The owner placeholder of the Colab links and of the install cell's REPO (a fork sets both).
 OWNER = "OWNER"
 CELL_TIMEOUT_S = 600
+ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.stem)
@@ -48,12 +49,15 @@ def test_strip_removes_what_an_execution_leaves():
     cell.execution_count = 3
     cell.outputs = [nbformat.v4.new_output("execute_result", {"text/plain": "2"})]
     cell.metadata["execution"] = {"iopub.status.idle": "2026-01-01T00:00:00Z"}
+    notebook.metadata["language_info"] = {"name": "python", "version": "3.11.7"}
     assert notebooks.leftovers(notebook) == [
-        "cell 1: outputs, an execution count, metadata.execution"
+        "notebook: metadata.language_info",
+        "cell 1: outputs, an execution count, metadata.execution",
     ]
     notebooks.strip(notebook)
     assert not notebooks.leftovers(notebook)
     assert cell.outputs == [] and cell.execution_count is None and not cell.metadata
+    assert notebook.metadata["language_info"] == {"name": "python"}
     nbformat.validate(notebook)
 
 
@@ -81,11 +85,15 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
         kernel_name="python3",
         resources={"metadata": {"path": str(tmp_path)}},  # the kernel's cwd: not the repo
     )
+    error = None
     try:
         client.execute(env=_kernel_env())
     except nbclient.exceptions.CellExecutionError as err:
-        pytest.fail(f"{path.name} failed:\n{err}", pytrace=False)
-    assert notebook.cells[-1].outputs[0].text.startswith(str(ROOT / "tfjax"))
+        error = ANSI_COLOUR.sub("", str(err))  # the cell's source and traceback, uncoloured
+    if error:
+        pytest.fail(f"{path.name} failed: {error}", pytrace=False)
+    imported = notebook.cells[-1].outputs[0].text.strip()
+    assert imported.startswith(str(ROOT / "tfjax")), f"the kernel imported {imported}"
     # Every figure reached the notebook as a picture, not as "<Figure size ...>" text.
     outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
     texts = [o.get("data", {}).get("text/plain", "") for o in outputs]
