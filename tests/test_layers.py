@@ -51,7 +51,11 @@ def test_norm_in_bfloat16_computes_statistics_in_float32():
     np.testing.assert_allclose(np.asarray(out, np.float32).mean(-1), 0.0, atol=0.05)
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+@pytest.mark.parametrize("activation", layers.ACTIVATIONS)
 def test_feed_forward_matches_formula(activation):
     module = layers.FeedForward(mlp_dim=16, activation=activation)
     params = module.init(jax.random.key(1), X)["params"]
@@ -63,9 +67,14 @@ def test_feed_forward_matches_formula(activation):
     elif activation == "gelu":
         erf = np.vectorize(math.erf)
         hidden = 0.5 * hidden * (1.0 + erf(hidden / math.sqrt(2.0)))
+    elif activation == "gelu_tanh":
+        hidden = _gelu_tanh(hidden)
+    elif activation == "silu":
+        hidden = hidden / (1.0 + np.exp(-hidden))
     else:
         gate = x @ np.asarray(params["wi_gate"]["kernel"]) + np.asarray(params["wi_gate"]["bias"])
-        hidden = gate / (1.0 + np.exp(-gate)) * hidden
+        gate = gate / (1.0 + np.exp(-gate)) if activation == "swiglu" else _gelu_tanh(gate)
+        hidden = gate * hidden
     expected = hidden @ np.asarray(params["wo"]["kernel"]) + np.asarray(params["wo"]["bias"])
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
 

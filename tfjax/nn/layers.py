@@ -4,7 +4,9 @@ Sources:
 - LayerNorm, gamma * (x - mean) / sqrt(var + eps) + beta: Ba et al. 2016, §3;
 - RMSNorm, gamma * x / sqrt(mean(x^2) + eps): Zhang & Sennrich 2019, §4;
 - position-wise feed-forward max(0, x W1 + b1) W2 + b2: Vaswani et al. 2017, §3.3 (Eq. 2);
-  GELU: Hendrycks & Gimpel 2016; SwiGLU (Swish(x W) * (x V)) W2: Shazeer 2020, §2;
+  GELU: Hendrycks & Gimpel 2016 (exact, or its tanh approximation, §2, as GPT-2 and T5 v1.1
+  use it); SiLU / Swish: Ramachandran et al. 2017 (Marian's "swish"); gated variants
+  SwiGLU (Swish(x W) * (x V)) W2 and GEGLU: Shazeer 2020, §2 (T5 v1.1 gates with tanh-GELU);
 - embeddings scaled by sqrt(d_model) and shared with the pre-softmax projection: Vaswani §3.4
   (after Press & Wolf 2017);
 - residual sub-layer LayerNorm(x + Dropout(Sublayer(x))) (post-LN): Vaswani §3.1 and §5.4;
@@ -26,7 +28,8 @@ from tfjax.nn import linear
 
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("post", "pre")
-ACTIVATIONS = ("relu", "gelu", "swiglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu_tanh")
+GATED_ACTIVATIONS = ("swiglu", "geglu_tanh")
 
 
 def layer_norm(
@@ -99,12 +102,14 @@ def make_norm(kind: str, *, epsilon: float, dtype, param_dtype, name: str | None
 class FeedForward(nn.Module):
     """Position-wise feed-forward block [B, L, D] -> [B, L, D].
 
-    Parameters "wi" [D, F] and "wo" [F, D] (with biases when `use_bias`); SwiGLU adds
-    "wi_gate" [D, F] and, following Shazeer 2020, is usually run without biases.
+    Parameters "wi" [D, F] and "wo" [F, D] (with biases when `use_bias`); the gated
+    activations (`GATED_ACTIVATIONS`) add "wi_gate" [D, F] and, following Shazeer 2020, are
+    usually run without biases.
 
     Attributes:
       mlp_dim: F, the hidden width (2048 in the paper's base model).
-      activation: "relu" (paper), "gelu" or "swiglu".
+      activation: "relu" (paper), "gelu" (exact), "gelu_tanh" (tanh approximation), "silu",
+        or gated: "swiglu" (silu(x W_gate) * (x W)), "geglu_tanh" (gelu_tanh(x W_gate) * (x W)).
       dropout_rate: dropout on the hidden activations (0 in the paper).
     """
 
@@ -134,16 +139,28 @@ class FeedForward(nn.Module):
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation={self.activation!r} is not one of {ACTIVATIONS}")
         hidden = self._dense(self.mlp_dim, "wi")(x)  # [B, L, F]
-        if self.activation == "relu":
-            hidden = nn.relu(hidden)
-        elif self.activation == "gelu":
-            hidden = nn.gelu(hidden, approximate=False)
+        if self.activation in GATED_ACTIVATIONS:
+            gate = self._dense(self.mlp_dim, "wi_gate")(x)  # [B, L, F]
+            hidden = activate(gate, self.activation) * hidden
         else:
-            hidden = nn.silu(self._dense(self.mlp_dim, "wi_gate")(x)) * hidden
+            hidden = activate(hidden, self.activation)
         # Tensor parallelism splits F; a no-op outside a `parallel.rules` context.
         hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
         hidden = Dropout(self.dropout_rate)(hidden, deterministic=deterministic)
         return self._dense(x.shape[-1], "wo")(hidden)  # [B, L, D]
+
+
+def activate(x: Array, activation: str) -> Array:
+    """The nonlinearity of `activation` (of its gate, for the gated ones), elementwise."""
+    if activation == "relu":
+        return nn.relu(x)
+    if activation == "gelu":
+        return nn.gelu(x, approximate=False)
+    if activation in ("gelu_tanh", "geglu_tanh"):
+        return nn.gelu(x, approximate=True)  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    if activation in ("silu", "swiglu"):
+        return nn.silu(x)
+    raise ValueError(f"activation={activation!r} is not one of {ACTIVATIONS}")
 
 
 class Embed(nn.Module):
