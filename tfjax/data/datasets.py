@@ -25,13 +25,14 @@ import pathlib
 import numpy as np
 
 from tfjax import errors
-from tfjax.data import packing, pipeline, registry, tasks, tokenizers
+from tfjax.data import packing, pipeline, pretrained_tokenizer, registry, tasks, tokenizers
 
 logger = logging.getLogger(__name__)
 
-TOKENIZERS = ("word", "char", "sentencepiece")
+TOKENIZERS = ("word", "char", "sentencepiece", "pretrained")
 TOKENIZER_FILE = "tokenizer.json"  # word and char vocabularies
 SENTENCEPIECE_FILE = "tokenizer.model"
+DIRECTORY = pretrained_tokenizer.DIRECTORY  # a pretrained checkpoint's tokenizer files
 # The example format each model kind trains on (`registry.FORMATS`).
 MODEL_FORMATS = {"encoder_decoder": "seq2seq", "decoder_only": "lm", "encoder_only": "classify"}
 
@@ -47,7 +48,9 @@ class DataConfig:
       train_path, eval_path: the files of `name="files"` (see `tfjax.data.catalog`); for "hub"
         with a local builder such as "json", the data files of the train and eval splits.
       hub_name, hub_config: Hugging Face dataset and configuration ("wmt14", "de-en").
-      tokenizer: "word", "char" or "sentencepiece" (joint over source and target).
+      tokenizer: "word", "char" or "sentencepiece" (joint over source and target), or
+        "pretrained": the checkpoint's own tokenizer, which `experiments.convert` saved in the
+        workdir (`pretrained_tokenizer.DIRECTORY`); it is never built from the data.
       vocab_size: SentencePiece vocabulary size, specials included.
       spm_model_type: SentencePiece "bpe" or "unigram".
       scan_split: SCAN split ("simple", "length", "addprim_jump").
@@ -197,6 +200,15 @@ def _tokenizer_texts(raw, fmt: str) -> list[str]:
 
 def _tokenizer(cfg: DataConfig, texts: list[str], workdir, save: bool) -> tokenizers.Tokenizer:
     """The workdir's saved tokenizer, or a new one built from `texts` (and saved if `save`)."""
+    if cfg.tokenizer == "pretrained":
+        directory = None if workdir is None else pathlib.Path(workdir) / DIRECTORY
+        if directory is None or not directory.is_dir():
+            raise errors.ConfigError(
+                f"data.tokenizer='pretrained' reads the tokenizer of a converted checkpoint from "
+                f"{directory or 'the workdir'}, which has none: make the workdir with python -m "
+                "experiments.convert, or start from one with --config.train.init_from=WORKDIR"
+            )
+        return tokenizers.PretrainedTokenizer.load(directory)
     spm = cfg.tokenizer == "sentencepiece"
     kind = {
         "word": tokenizers.WordTokenizer,

@@ -1,10 +1,13 @@
 """Tokenizers: word level (SCAN, algorithmic tasks), character level and SentencePiece.
 
 All three share one interface (`encode(text, add_bos=, add_eos=)`, `decode(ids)`,
-`pieces(ids)`, `vocab_size`, `save(path)`, `load(path)`) and the same special ids. Ids 0-3 are
-reserved: PAD (0; padding is still read from segment ids, never from this id), BOS (1; also the
-[CLS] token of classification inputs, as in BERT, Devlin et al. 2019, Section 3), EOS (2) and
-UNK (3). Word and character ids follow by descending training count, ties broken
+`pieces(ids)`, `vocab_size`, `save(path)`, `load(path)`, and the special ids `pad_id`,
+`bos_id`, `eos_id`, `unk_id`, which decoding and the decoding tools read from the tokenizer)
+and the same special ids. A pretrained checkpoint's own tokenizer
+(`tfjax.data.pretrained_tokenizer`) has the same interface with its own special ids. Here ids
+0-3 are reserved: PAD (0; padding is still read from segment ids, never from this id), BOS (1;
+also the [CLS] token of classification inputs, as in BERT, Devlin et al. 2019, Section 3), EOS
+(2) and UNK (3). Word and character ids follow by descending training count, ties broken
 alphabetically, so the same texts always give the same vocabulary; those vocabularies are saved
 as JSON next to the run, a SentencePiece model as its binary `.model` file (DESIGN.md,
 "Tokenizers"), so that resumed and evaluated runs reuse them.
@@ -65,6 +68,7 @@ class WordTokenizer:
     """
 
     _format = "tfjax.WordTokenizer/1"
+    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
 
     def __init__(self, words: Iterable[str]):
         """Wraps a vocabulary.
@@ -237,6 +241,8 @@ class SentencePieceTokenizer:
     file that the `sentencepiece` tools read.
     """
 
+    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+
     def __init__(self, model_proto: bytes):
         """Wraps a serialised SentencePiece model.
 
@@ -367,4 +373,7 @@ class SentencePieceTokenizer:
         return f"SentencePieceTokenizer(vocab_size={self.vocab_size})"
 
 
-Tokenizer = WordTokenizer | SentencePieceTokenizer  # CharTokenizer is a WordTokenizer
+from tfjax.data.pretrained_tokenizer import PretrainedTokenizer  # noqa: E402 (imports no tfjax.data)
+
+# CharTokenizer is a WordTokenizer; PretrainedTokenizer wraps a checkpoint's own tokenizer.
+Tokenizer = WordTokenizer | SentencePieceTokenizer | PretrainedTokenizer

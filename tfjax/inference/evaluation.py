@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, Integer
 
-from tfjax.data import pipeline, tokenizers
+from tfjax.data import pipeline
 from tfjax.inference import beam_search, decoding
 from tfjax.nn import losses
 
@@ -152,7 +152,7 @@ def token_accuracy(
     return float(np.sum((np.asarray(predictions) == np.asarray(targets)) & valid) / valid.sum())
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_length"))
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_length", "eos_id"))
 def _decode_best(
     params: Any,
     inputs: Int[Array, "B S"],
@@ -162,9 +162,10 @@ def _decode_best(
     beam_size: int,
     alpha: float,
     max_length: int,
+    eos_id: int,
 ) -> Int[Array, "B L"]:
     """The best hypothesis per source; jit caches one program per model, options and shape."""
-    options = dict(max_length=max_length, eos_id=tokenizers.EOS_ID, bos_id=model.config.bos_id)
+    options = dict(max_length=max_length, eos_id=eos_id, bos_id=model.config.bos_id)
     if beam_size == 1:
         return decoding.generate(
             model, params, inputs=inputs, inputs_segment_ids=inputs_segment_ids, **options
@@ -205,7 +206,12 @@ def make_decoder(run: Any, *, beam_size: int = 1, alpha: float = 0.6, max_length
         raise ValueError(f"need beam_size >= 1 and max_length >= 1, got {beam_size}, {max_length}")
     alpha = float(alpha) if beam_size > 1 else 0.0  # greedy ignores alpha: one program for all
     return functools.partial(
-        _decode_best, model=run.model, beam_size=beam_size, alpha=alpha, max_length=max_length
+        _decode_best,
+        model=run.model,
+        beam_size=beam_size,
+        alpha=alpha,
+        max_length=max_length,
+        eos_id=run.examples.tokenizer.eos_id,
     )
 
 

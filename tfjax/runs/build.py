@@ -240,7 +240,7 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Run:
         eval_step,
         abstract_state,
         optimizer,
-        make_greedy(model, config.data.max_target_len),
+        make_greedy(model, config.data.max_target_len, examples.tokenizer.eos_id),
     )
 
 
@@ -296,8 +296,8 @@ def abstract_train_state(model, optimizer, sample: dict, kind: str) -> steps.Tra
     )
 
 
-def make_greedy(model, max_length: int):
-    """Cached greedy decoding (`decoding.generate`), jitted once per run."""
+def make_greedy(model, max_length: int, eos_id: int = tokenizers.EOS_ID):
+    """Cached greedy decoding (`decoding.generate`) that stops at `eos_id`, jitted once."""
 
     def greedy(params, inputs, segment_ids):
         return decoding.generate(
@@ -306,7 +306,7 @@ def make_greedy(model, max_length: int):
             inputs=inputs,
             inputs_segment_ids=segment_ids,
             max_length=max_length,
-            eos_id=tokenizers.EOS_ID,
+            eos_id=eos_id,
         )
 
     return jax.jit(greedy)

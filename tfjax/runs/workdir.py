@@ -179,7 +179,7 @@ def unknown_words(text: str, tokenizer: tokenizers.Tokenizer) -> list[str]:
     Checked word by word, because a SentencePiece or character tokenizer gives a different
     number of ids than there are words.
     """
-    return sorted({w for w in text.split() if tokenizers.UNK_ID in tokenizer.encode(w)})
+    return sorted({w for w in text.split() if tokenizer.unk_id in tokenizer.encode(w)})
 
 
 class Translator(Trained):
@@ -201,7 +201,7 @@ class Translator(Trained):
                 encoded.append(None)
                 continue
             ids = self.tokenizer.encode(line)
-            if tokenizers.UNK_ID in ids and not unknown_reported:
+            if self.tokenizer.unk_id in ids and not unknown_reported:
                 unknown_reported = True
                 warnings.append(
                     f"line {number}: {', '.join(unknown_words(line, self.tokenizer))} not in the "
@@ -214,7 +214,7 @@ class Translator(Trained):
                     f"first {limit - 1} tokens"
                 )
                 ids = ids[: limit - 1]
-            encoded.append([*ids, tokenizers.EOS_ID])
+            encoded.append([*ids, self.tokenizer.eos_id])
         return encoded, warnings
 
     def decode(
@@ -283,7 +283,7 @@ class Generator(Trained):
             f"prompt {i}: {', '.join(unknown_words(p, self.tokenizer))} not in the "
             "model's vocabulary, read as <unk>"
             for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True), start=1)
-            if tokenizers.UNK_ID in ids
+            if self.tokenizer.unk_id in ids
         ]
         for i, ids in enumerate(encoded, start=1):
             if len(ids) < max_length:
@@ -314,7 +314,7 @@ class Generator(Trained):
 
         trained = self.config.data.max_target_len
         cached_length = min(max_length, trained)
-        model, eos, bos = self.run.model, tokenizers.EOS_ID, self.run.model_config.bos_id
+        model, eos, bos = self.run.model, self.tokenizer.eos_id, self.run.model_config.bos_id
 
         def run(params, tokens, lengths, rng):
             generated = decoding.generate(
