@@ -59,7 +59,8 @@ LAYERS = {
     "models": {"nn"},
     "inference": {"nn", "models", "data"},
     "training": {"nn", "models", "data", "parallel"},
-    "runs": {"nn", "models", "data", "parallel", "inference", "training"},
+    "pretrained": {"nn", "models", "data"},  # Hugging Face checkpoints <-> models
+    "runs": {"nn", "models", "data", "parallel", "inference", "training", "pretrained"},
     "viz": {"training"},  # arrays in, figures out; metrics.jsonl through training.logger
 }
 

@@ -46,3 +46,8 @@ class DivergedError(UserError, FloatingPointError):
 
 class DistributedError(UserError, RuntimeError):
     """A multi-process job that could not start (launch settings, coordinator) or lost a process."""
+
+
+class ConversionError(UserError, ValueError):
+    """A pretrained checkpoint that cannot be converted: another architecture, a missing, unknown
+    or misshapen tensor, a config option the model cannot express."""
