@@ -59,6 +59,9 @@ def base_config(
         "max_eval_examples": 0,  # examples per periodic eval (0 = all); the final eval uses all
         "checkpoint_every_steps": 1000,
         "keep_checkpoints": 3,
+        # A tfjax workdir (e.g. made by experiments.convert) or a Hugging Face checkpoint
+        # directory whose parameters a new run starts from ("" = random initialisation).
+        "init_from": "",
         **(train or {}),
     }
     config.sweep = {

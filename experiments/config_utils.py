@@ -1,8 +1,9 @@
 """ml_collections config handling shared by the entry points (train, evaluate, sweep).
 
 A config is named by a spec, `path/to/file.py[:arg]`: the file is loaded as a module and its
-`get_config(arg)` called (STYLE.md §7). Command-line overrides `--config.a.b=value` are pulled
-out of argv by `split_config_overrides` before absl parses flags, then applied by
+`get_config(arg)` called (STYLE.md §7); or by a workdir's resolved `config.json` (to fine-tune a
+converted checkpoint with its model group, say). Command-line overrides `--config.a.b=value`
+are pulled out of argv by `split_config_overrides` before absl parses flags, then applied by
 `load_config`, which parses each value to the type of the field it replaces and rejects unknown
 keys with the closest valid ones. The returned config is locked: code cannot add keys later.
 Every refusal is a `tfjax.errors.ConfigError` (a ValueError) with a one-line message.
@@ -83,6 +84,11 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
             value, or a value that cannot be parsed as the field's type.
         FileNotFoundError: if the file does not exist.
     """
+    if spec.endswith(".json"):  # a workdir's resolved config.json
+        config = _load_json_config(spec)
+        for override in overrides:
+            apply_override(config, override)
+        return config
     module = load_module(spec)
     if not callable(getattr(module, "get_config", None)):
         raise errors.ConfigError(f"config file {spec.partition(':')[0]!r} defines no get_config()")
@@ -97,6 +103,19 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
         apply_override(config, override)
     config.lock()
     return config
+
+
+def _load_json_config(spec: str) -> ml_collections.ConfigDict:
+    """The locked config of a workdir's config.json (overrides still set its keys)."""
+    from tfjax.runs import build
+
+    path = pathlib.Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"config file {spec!r} not found: pass a workdir's config.json or "
+            "--config=FILE[:PRESET], e.g. --config=configs/base.py:tiny"
+        )
+    return build.load_config_json(path)
 
 
 def _unknown_key(key: str, prefix: str, part: str, keys: Sequence[str]) -> errors.ConfigError:

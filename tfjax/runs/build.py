@@ -91,6 +91,8 @@ def load_config_dict(tree: dict) -> ml_collections.ConfigDict:
     for key, value in _PARALLEL_SINCE_TENSOR.items():  # runs from before tensor parallelism
         if "parallel" in config and key not in config.parallel:
             config.parallel[key] = value
+    if "train" in config and "init_from" not in config.train:  # runs from before init_from
+        config.train.init_from = ""
     config.lock()
     return config
 

@@ -5,7 +5,8 @@ the same workdir restores the latest good checkpoint (state, dropout key, data-i
 and continues with exactly the batches that would have come next. SIGTERM (preemption) saves a
 checkpoint and returns. A non-finite loss stops the run (`tfjax.errors.DivergedError`) before
 anything is saved over the last good checkpoint. One run at a time: the workdir is locked
-(`tfjax.runs.lock`).
+(`tfjax.runs.lock`). A new run with `train.init_from` starts from the parameters of another
+workdir or of a Hugging Face checkpoint (`tfjax.runs.pretrained`), with fresh optimizer moments.
 
 Multi-process runs (`tfjax.parallel.distributed`) take the same road in every process: each
 feeds its rows of every global batch, and all of them save and restore the checkpoints (orbax
@@ -31,7 +32,7 @@ from tfjax import errors
 from tfjax.data import pipeline
 from tfjax.nn import losses
 from tfjax.parallel import distributed, strategies
-from tfjax.runs import build, evaluator, lock
+from tfjax.runs import build, evaluator, lock, pretrained
 from tfjax.training import checkpointing, logger, steps
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,13 @@ def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path
         run.strategy.restore_target(run.abstract_state),
         convert=build.layout_conversion(run.model_config),
     )
+    if restored is None and run.config.train.init_from:
+        params = jax.tree.map(jnp.asarray, pretrained.initial_params(run.config, run))
+        log.info("starting from the parameters of %s", run.config.train.init_from)
+        state = steps.TrainState(
+            step=jnp.zeros((), jnp.int32), params=params, opt_state=run.optimizer.init(params)
+        )
+        return state, dropout_rng, 0
     if restored is None:
         sample = jax.tree.map(lambda x: jnp.asarray(x[None]), run.examples.train[0])
         state = jax.jit(
@@ -263,6 +271,8 @@ def make_workdir(workdir: pathlib.Path) -> pathlib.Path:
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path):
     chief = jax.process_index() == 0
+    if config.train.init_from and chief:  # the tokenizer of a pretrained model, before `build`
+        pretrained.prepare_workdir(config, workdir)
     run = build.build(config, workdir)
     iterator = train_iterator(run)
     writer = logger.MetricWriter(workdir, enabled=chief)
