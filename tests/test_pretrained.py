@@ -136,6 +136,10 @@ def test_gpt2_tokenizer_is_the_checkpoints(gpt2_dir):
     assert ids == [*reference.encode(text), reference.eos_token_id]
     assert tokenizer.eos_id == tokenizer.bos_id == reference.eos_token_id  # <|endoftext|>
     assert tokenizer.decode([*ids, 5, 6]) == text  # stops at EOS
+    assert tokenizer.pieces([ids[0], tokenizer.eos_id]) == [
+        reference.convert_ids_to_tokens(ids[0]),
+        "<|endoftext|>",
+    ]
 
 
 def test_a_transposed_projection_breaks_parity(gpt2_dir, monkeypatch):

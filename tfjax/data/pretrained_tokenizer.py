@@ -3,11 +3,12 @@
 `PretrainedTokenizer` wraps the Hugging Face tokenizer saved next to a checkpoint (GPT-2's
 byte-level BPE, BERT's WordPiece, T5's and Marian's SentencePiece models), loaded with
 `transformers.AutoTokenizer` from a local directory (nothing is downloaded). It has the
-interface of `tfjax.data.tokenizers` (`encode`, `decode`, `vocab_size`, `save`, `load` and the
-special ids), but the special ids are the checkpoint's, not tfjax's 0-3: GPT-2 begins and ends
-text with the one id of `<|endoftext|>` and has no padding id, BERT's [CLS] and [SEP] play BOS
-and EOS, T5 and Marian have no BOS (their decoders start from the padding id, which the model's
-`ModelConfig.bos_id` holds). Padding is still read from segment ids, never from an id.
+interface of `tfjax.data.tokenizers` (`encode`, `decode`, `pieces`, `vocab_size`, `save`,
+`load` and the special ids), but the special ids are the checkpoint's, not tfjax's 0-3: GPT-2
+begins and ends text with the one id of `<|endoftext|>` and has no padding id, BERT's [CLS] and
+[SEP] play BOS and EOS, T5 and Marian have no BOS (their decoders start from the padding id,
+which the model's `ModelConfig.bos_id` holds). Padding is still read from segment ids, never
+from an id.
 
 `transformers` is imported when a tokenizer is loaded (the `hf` extra).
 """
@@ -99,6 +100,18 @@ class PretrainedTokenizer:
                 raise ValueError(f"Id {token} is outside the vocabulary [0, {self.vocab_size}).")
             kept.append(token)
         return self._tokenizer.decode(kept, skip_special_tokens=True)
+
+    def pieces(self, ids: Sequence[int] | Integer[np.ndarray, " L"]) -> list[str]:
+        """The token of each id, specials included ("<|endoftext|>", "[CLS]", ...): labels.
+
+        Raises:
+            ValueError: for an id outside [0, vocab_size).
+        """
+        checked = [int(token) for token in ids]
+        for token in checked:
+            if not 0 <= token < self.vocab_size:
+                raise ValueError(f"Id {token} is outside the vocabulary [0, {self.vocab_size}).")
+        return list(self._tokenizer.convert_ids_to_tokens(checked))
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the tokenizer's files into the directory `path` (created if needed)."""

@@ -166,12 +166,12 @@ def example_maps(
     return Maps(weights, queries, keys)
 
 
-def until_eos(generated: Sequence[int] | np.ndarray) -> list[int]:
+def until_eos(generated: Sequence[int] | np.ndarray, eos_id: int = tokenizers.EOS_ID) -> list[int]:
     """A decoded row as targets for `example_maps`: its ids up to and including the first EOS
-    (all of them when there is none), without the padding after it."""
+    (`eos_id`: the tokenizer's; all of them when there is none), without the padding after it."""
     out = []
     for token in np.asarray(generated).tolist():
         out.append(int(token))
-        if token == tokenizers.EOS_ID:
+        if token == eos_id:
             break
     return out

@@ -157,7 +157,7 @@ class Trained:
             decode = evaluation.make_decoder(self.run, beam_size=beam_size, max_length=length)
             segment_ids = np.ones((1, len(source)), np.int32)
             tokens = decode(self.params, np.asarray([source], np.int32), segment_ids)
-            target = attention_maps.until_eos(np.asarray(tokens)[0])
+            target = attention_maps.until_eos(np.asarray(tokens)[0], self.tokenizer.eos_id)
             maps = attention_maps.example_maps(
                 model, self.params, tokenizer, inputs=source, targets=target
             )
