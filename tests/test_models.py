@@ -106,6 +106,8 @@ VARIANTS = [
     dict(value_rank=3),
     dict(window_radius=1),
     dict(share_embeddings=False, tie_output=False),
+    dict(output_bias="on", embedding_norm=True, activation="gelu_tanh"),
+    dict(tie_output=False, output_bias="off", activation="geglu_tanh"),
 ]
 
 
@@ -245,3 +247,45 @@ def test_tiny_model_overfits_one_batch():
     for _ in range(50):
         params, opt_state, loss = step(params, opt_state)
     assert loss < 0.05 * first, (first, loss)
+
+
+def test_token_types_embedding_norm_and_logits_bias_of_an_encoder():
+    cfg = models.ModelConfig(
+        kind="encoder_only",
+        encoder_head="mlm",
+        vocab_size=31,
+        embed_dim=8,
+        num_layers=1,
+        num_heads=2,
+        mlp_dim=16,
+        num_token_types=2,
+        embedding_norm=True,
+        output_bias="on",
+        dropout_rate=0.0,
+    )
+    model = models.create_model(cfg)
+    variables = model.init(jax.random.key(0), SRC)
+    params = variables["params"]
+    assert params["logits_bias"].shape == (31,)
+    assert params["encoder"]["embedder"]["token_type_embedding"].shape == (2, 8)
+    assert set(params["encoder"]["embedder"]["norm"]) == {"scale", "bias"}
+    zeros = model.apply(variables, SRC)
+    np.testing.assert_allclose(model.apply(variables, SRC, inputs_token_types=0 * SRC), zeros)
+    assert not np.allclose(model.apply(variables, SRC, inputs_token_types=0 * SRC + 1), zeros)
+    shifted = {"params": {**params, "logits_bias": params["logits_bias"] + 1.5}}
+    np.testing.assert_allclose(model.apply(shifted, SRC), zeros + 1.5, rtol=1e-5, atol=1e-5)
+
+
+def test_output_bias_off_removes_the_untied_bias_and_auto_keeps_old_trees():
+    def shapes(**overrides):
+        cfg = _tiny(**overrides)
+        return jax.tree.map(lambda x: x.shape, jax.eval_shape(lambda: _init_params(cfg)))
+
+    assert "bias" in shapes(tie_output=False)["logits_dense"]
+    assert "bias" not in shapes(tie_output=False, output_bias="off")["logits_dense"]
+    assert "logits_bias" not in shapes()
+    assert shapes(output_bias="on")["logits_bias"] == (31,)
+
+
+def _init_params(cfg):
+    return models.create_model(cfg).init(jax.random.key(0), SRC, TGT)["params"]

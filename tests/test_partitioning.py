@@ -40,6 +40,13 @@ VARIANTS = {
     "encoder_classify": dict(kind="encoder_only", positional="learned"),
     "encoder_mlm_untied": dict(kind="encoder_only", encoder_head="mlm", tie_output=False),
     "encoder_mlm_tied": dict(kind="encoder_only", encoder_head="mlm"),
+    "encoder_mlm_bert_options": dict(
+        kind="encoder_only",
+        encoder_head="mlm",
+        num_token_types=2,
+        embedding_norm=True,
+        output_bias="on",
+    ),
     "decoder_mqa_rotary_untied": dict(
         kind="decoder_only", positional="rotary", num_kv_heads=1, tie_output=False
     ),

@@ -29,13 +29,11 @@ class OutputMixin:
     def _make_output(self):
         cfg = self.config
         if not cfg.tie_output:
-            self.logits_dense = nn.Dense(
-                cfg.vocab_size,
-                dtype=cfg.compute_dtype,
-                param_dtype=cfg.params_dtype,
-                dot_general=linear.dense_dot_general,
-            )
-        elif cfg.positional_combine == "concat":
+            self.logits_dense = make_logits_dense(cfg)
+            return
+        if cfg.has_output_bias:
+            self.logits_bias = make_logits_bias(self, cfg)
+        if cfg.positional_combine == "concat":
             # Token embeddings are narrower than D when positions are concatenated.
             self.logits_proj = nn.Dense(
                 cfg.token_width,
@@ -51,7 +49,24 @@ class OutputMixin:
             return self.logits_dense(x)
         if cfg.positional_combine == "concat":
             x = self.logits_proj(x)
-        return self.embed.attend(x)
+        logits = self.embed.attend(x)
+        return logits + self.logits_bias.astype(logits.dtype) if cfg.has_output_bias else logits
+
+
+def make_logits_dense(cfg: ModelConfig) -> nn.Dense:
+    """The untied output layer D -> V, with a bias unless `output_bias="off"`."""
+    return nn.Dense(
+        cfg.vocab_size,
+        use_bias=cfg.has_output_bias,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        dot_general=linear.dense_dot_general,
+    )
+
+
+def make_logits_bias(module: nn.Module, cfg: ModelConfig) -> Array:
+    """The "logits_bias" [V] parameter of tied logits (`ModelConfig.output_bias`), zeros."""
+    return module.param("logits_bias", nn.initializers.zeros, (cfg.vocab_size,), cfg.params_dtype)
 
 
 def make_embed(cfg: ModelConfig) -> layers.Embed:

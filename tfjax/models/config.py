@@ -17,6 +17,7 @@ from tfjax.nn import attention, layers, positional, stacking
 KINDS = ("encoder_decoder", "encoder_only", "decoder_only")
 POSITIONALS = ("sinusoidal", "learned", "relative", "rotary", "alibi", "none")
 ENCODER_HEADS = ("classify", "mlm")
+OUTPUT_BIASES = ("auto", "on", "off")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -37,6 +38,13 @@ class ModelConfig:
     compile time independent of depth; `stacking.stack_layers` converts parameter trees);
     `remat` names the rematerialisation policy of every layer (`stacking.REMAT_POLICIES`).
     Neither changes the numbers the model computes.
+
+    Options pretrained checkpoints need (`tfjax.pretrained`), each off by default:
+    `num_token_types` > 0 adds a learned table of token types (segments A/B, BERT §3.2; type 0
+    unless the inputs give `inputs_token_types`) to the embeddings; `embedding_norm` normalises
+    the sum of embeddings and positions before dropout (BERT); `output_bias` is "on" for a
+    learned [V] bias on the logits (tied ones too: BERT's MLM bias, Marian's
+    `final_logits_bias`), "off" for none, "auto" for the untied output layer's own bias only.
     """
 
     kind: str = "encoder_decoder"
@@ -73,6 +81,9 @@ class ModelConfig:
     share_embeddings: bool = True
     tie_output: bool = True
     scale_embeddings: bool = True
+    num_token_types: int = 0
+    embedding_norm: bool = False
+    output_bias: str = "auto"
     encoder_head: str = "classify"
     num_classes: int = 2
     bos_id: int = 1
@@ -105,6 +116,11 @@ class ModelConfig:
         return self.positional_dim if self.positional_combine == "concat" else self.embed_dim
 
     @property
+    def has_output_bias(self) -> bool:
+        """Whether the logits get a learned [V] bias (`output_bias`; "auto": untied only)."""
+        return self.output_bias == "on" or (self.output_bias == "auto" and not self.tie_output)
+
+    @property
     def use_final_norm(self) -> bool:
         """Pre-LN stacks always end with a norm; post-LN ones only when asked (PyTorch has one)."""
         return self.final_norm or self.norm_position == "pre"
@@ -121,6 +137,7 @@ _CHOICES = {
     "norm_position": layers.NORM_POSITIONS,
     "activation": layers.ACTIVATIONS,
     "encoder_head": ENCODER_HEADS,
+    "output_bias": OUTPUT_BIASES,
     "dtype": DTYPES,
     "param_dtype": DTYPES,
     "remat": stacking.REMAT_POLICIES,
@@ -182,6 +199,7 @@ def _check_sizes(cfg: ModelConfig) -> None:
         "value_rank",
         "window_radius",
         "positional_dim",
+        "num_token_types",
     ):
         if getattr(cfg, field) < 0:
             raise errors.ConfigError(f"ModelConfig.{field} must be >= 0, got {getattr(cfg, field)}")

@@ -41,7 +41,9 @@ class EncoderOnly(nn.Module):
                 param_dtype=cfg.params_dtype,
             )
             if not cfg.tie_output:
-                self.logits_dense = dense(cfg.vocab_size)
+                self.logits_dense = common.make_logits_dense(cfg)
+            elif cfg.has_output_bias:
+                self.logits_bias = common.make_logits_bias(self, cfg)
 
     def __call__(
         self,
@@ -49,17 +51,30 @@ class EncoderOnly(nn.Module):
         *,
         inputs_segment_ids: Int[Array, "B S"] | None = None,
         inputs_positions: Int[Array, "B S"] | None = None,
+        inputs_token_types: Int[Array, "B S"] | None = None,
         deterministic: bool = True,
     ) -> Float[Array, "B C"] | Float[Array, "B S V"]:
-        """Class logits [B, C] ("classify") or token logits [B, S, V] ("mlm")."""
+        """Class logits [B, C] ("classify") or token logits [B, S, V] ("mlm").
+
+        `inputs_token_types` [B, S] (0 = sentence A, 1 = B) need `num_token_types` > 0; None
+        means type 0 everywhere.
+        """
         x = self.encoder(
             inputs,
             segment_ids=inputs_segment_ids,
             positions=inputs_positions,
+            token_types=inputs_token_types,
             deterministic=deterministic,
         )  # [B, S, D]
         if self.config.encoder_head == "classify":
             pooled = jnp.tanh(self.pooler(x[:, 0]))  # [B, D]
             return self.classifier(self.head_dropout(pooled, deterministic=deterministic))
         x = self.mlm_norm(nn.gelu(self.mlm_dense(x), approximate=False))  # [B, S, E]
-        return self.embed.attend(x) if self.config.tie_output else self.logits_dense(x)
+        if not self.config.tie_output:
+            return self.logits_dense(x)
+        logits = self.embed.attend(x)  # [B, S, V]
+        return (
+            logits + self.logits_bias.astype(logits.dtype)
+            if self.config.has_output_bias
+            else logits
+        )

@@ -78,9 +78,11 @@ TABLE = (
     ("embed/embedding", ("vocab", "embed")),
     ("pos_embedding/embedding", ("positions", "embed")),
     ("relative_bias/rel_embedding", ("relpos_buckets", "heads")),
+    ("embedder/token_type_embedding", ("positions", "embed")),  # rows of a learned table
     # heads: untied logits [D, V], D -> token width before tied logits, pooler, MLM, classifier
     ("logits_dense/kernel", ("embed", "vocab")),
     ("logits_dense/bias", ("vocab",)),
+    ("*logits_bias", ("vocab",)),  # top level: no module in its path
     ("logits_proj/kernel", ("embed", "embed_out")),
     ("pooler/kernel", ("embed", "embed_out")),
     ("pooler/bias", ("embed_out",)),

@@ -28,7 +28,12 @@ class Embedder(nn.Module):
 
     @nn.compact
     def __call__(
-        self, tokens: Int[Array, "B L"], positions: Int[Array, "B L"], *, deterministic: bool
+        self,
+        tokens: Int[Array, "B L"],
+        positions: Int[Array, "B L"],
+        *,
+        deterministic: bool,
+        token_types: Int[Array, "B L"] | None = None,
     ) -> Float[Array, "B L D"]:
         cfg = self.config
         x = self.embed(tokens)  # [B, L, E]
@@ -51,8 +56,37 @@ class Embedder(nn.Module):
             pos = None
         if pos is not None:
             x = positional.combine_embeddings(x, pos.astype(x.dtype), cfg.positional_combine)
+        if cfg.num_token_types:
+            x = x + self._token_types(tokens, token_types, x.shape[-1]).astype(x.dtype)
+        elif token_types is not None:
+            raise ValueError("token_types need ModelConfig.num_token_types > 0")
+        if cfg.embedding_norm:
+            x = make_norm(cfg, "norm")(x)
         x = layers.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)  # [B, L, D]
         return constrain_embed(x)
+
+    def _token_types(self, tokens: Array, token_types: Array | None, width: int) -> Array:
+        """[B, L, D] rows of the learned "token_type_embedding" [T, D] (type 0 by default)."""
+        cfg = self.config
+        table = self.param(
+            "token_type_embedding",
+            nn.initializers.normal(stddev=0.02),
+            (cfg.num_token_types, width),
+            cfg.params_dtype,
+        )  # [T, D]
+        types = jnp.zeros_like(tokens) if token_types is None else token_types  # [B, L]
+        return jnp.take(table, types, axis=0)  # [B, L, D]
+
+
+def make_norm(cfg, name: str) -> nn.Module:
+    """The config's norm (`ModelConfig.norm`, its epsilon and dtypes) named `name`."""
+    return layers.make_norm(
+        cfg.norm,
+        epsilon=cfg.layer_norm_epsilon,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        name=name,
+    )
 
 
 def constrain_embed(x: Float[Array, "B L D"]) -> Float[Array, "B L D"]:
@@ -243,13 +277,7 @@ class _Stack(nn.Module):
         cfg = self.config
         if not cfg.use_final_norm:
             return x
-        return layers.make_norm(
-            cfg.norm,
-            epsilon=cfg.layer_norm_epsilon,
-            dtype=cfg.compute_dtype,
-            param_dtype=cfg.params_dtype,
-            name="final_norm",
-        )(x)
+        return make_norm(cfg, "final_norm")(x)
 
 
 class Encoder(_Stack):
@@ -270,12 +298,13 @@ class Encoder(_Stack):
         segment_ids: Int[Array, "B S"] | None,
         positions: Int[Array, "B S"] | None,
         deterministic: bool,
+        token_types: Int[Array, "B S"] | None = None,
     ) -> Float[Array, "B S D"]:
         cfg = self.config
         window = self._window(segment_ids, positions, causal=False)
         positions = positional.default_positions(tokens) if positions is None else positions
         x = Embedder(cfg, self.embed, name="embedder")(
-            tokens, positions, deterministic=deterministic
+            tokens, positions, deterministic=deterministic, token_types=token_types
         )
         mask = bias = None
         if window is None:
