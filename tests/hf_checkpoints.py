@@ -65,3 +65,41 @@ def gpt2(directory: pathlib.Path, **overrides) -> transformers.GPT2LMHeadModel:
     model = perturb(transformers.GPT2LMHeadModel(config))
     model.save_pretrained(str(directory))
     return model
+
+
+def bert_tokenizer(directory: pathlib.Path) -> transformers.PreTrainedTokenizerBase:
+    """A WordPiece tokenizer (BERT's kind) over the lower-cased words of `TEXTS`."""
+    import re
+
+    words = sorted({w for text in TEXTS for w in re.findall(r"\w+|[^\w\s]", text.lower())})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, "##s", "##ing"]
+    tokenizer = transformers.BertTokenizer(vocab={token: i for i, token in enumerate(vocab)})
+    tokenizer.save_pretrained(str(directory))
+    return tokenizer
+
+
+def bert(
+    directory: pathlib.Path, head: str = "mlm", **overrides
+) -> transformers.BertPreTrainedModel:
+    """A 2-layer BERT (D 16, 4 heads) with an MLM or a 3-class classification head."""
+    tokenizer = bert_tokenizer(directory)
+    config = transformers.BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=32,
+        max_position_embeddings=24,
+        initializer_range=0.3,
+        num_labels=3,
+        **overrides,
+    )
+    torch.manual_seed(0)
+    cls = (
+        transformers.BertForMaskedLM
+        if head == "mlm"
+        else transformers.BertForSequenceClassification
+    )
+    model = perturb(cls(config))
+    model.save_pretrained(str(directory))
+    return model

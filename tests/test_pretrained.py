@@ -265,3 +265,89 @@ def test_scanned_parameters_export_like_unscanned_ones(gpt2_dir, tmp_path):
     pretrained.save(tmp_path, scanned, stacked, hf_config=pretrained.read_hf_config(directory))
     _, reread = pretrained.load_params(tmp_path)
     jax.tree.map(np.testing.assert_array_equal, reread, params)
+
+
+# ---------------------------------------------------------------------------------------------
+# BERT: masked-LM and classification heads.
+
+
+@pytest.fixture(scope="module", params=["mlm", "classify"])
+def bert_dir(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(f"bert_{request.param}")
+    return directory, hf_checkpoints.bert(directory, request.param), request.param
+
+
+def _encoder_logits(config, params, inputs, segment_ids):
+    model = models.create_model(config)
+    return np.asarray(
+        model.apply(
+            {"params": params}, jnp.asarray(inputs), inputs_segment_ids=jnp.asarray(segment_ids)
+        )
+    )
+
+
+def _hf_encoder_logits(model, inputs, segment_ids):
+    with torch.no_grad():
+        out = model(torch.tensor(inputs).long(), attention_mask=torch.tensor(segment_ids).long())
+    return out.logits.numpy()
+
+
+def _valid_rows(logits, segment_ids):
+    """MLM logits at real positions; classification logits as they are."""
+    return logits[segment_ids > 0] if logits.ndim == 3 else logits
+
+
+def test_bert_logits_match_hf_on_a_padded_batch(bert_dir):
+    directory, hf_model, head = bert_dir
+    config, params = pretrained.load_params(directory)
+    assert config.encoder_head == head
+    inputs, segment_ids = _padded_batch(config.vocab_size)
+    ours = _encoder_logits(config, params, inputs, segment_ids)
+    theirs = _hf_encoder_logits(hf_model, inputs, segment_ids)
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(
+        _valid_rows(ours, segment_ids), _valid_rows(theirs, segment_ids), **TOL
+    )
+
+
+def test_bert_export_round_trips_through_transformers(bert_dir, tmp_path):
+    directory, hf_model, _ = bert_dir
+    config, params, tokenizer = pretrained.load(directory)
+    hf_config = pretrained.read_hf_config(directory)
+    pretrained.save(tmp_path, config, params, hf_config=hf_config, tokenizer=tokenizer)
+    reloaded = type(hf_model).from_pretrained(str(tmp_path)).eval()
+    for name, value in hf_model.state_dict().items():
+        np.testing.assert_array_equal(
+            reloaded.state_dict()[name].numpy(), value.numpy(), err_msg=name
+        )
+    assert tokenizer.encode("a dog runs", add_bos=True, add_eos=True) == (
+        transformers.AutoTokenizer.from_pretrained(str(tmp_path)).encode("a dog runs")
+    )  # [CLS] ... [SEP]
+
+
+def test_bert_without_its_embedding_norm_breaks_parity(bert_dir, monkeypatch):
+    """Negative control: the same weights without the embedding LayerNorm disagree."""
+    directory, hf_model, _ = bert_dir
+    config, params = pretrained.load_params(directory)
+    config = models.ModelConfig(**{**config.__dict__, "embedding_norm": False})
+    params = {**params, "encoder": {**params["encoder"]}}
+    params["encoder"]["embedder"] = {
+        k: v for k, v in params["encoder"]["embedder"].items() if k != "norm"
+    }
+    inputs, segment_ids = _padded_batch(config.vocab_size)
+    ours = _encoder_logits(config, params, inputs, segment_ids)
+    theirs = _hf_encoder_logits(hf_model, inputs, segment_ids)
+    assert np.abs(_valid_rows(ours, segment_ids) - _valid_rows(theirs, segment_ids)).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (dict(architectures=["BertForPreTraining"]), "names architectures ['BertForPreTraining']"),
+        (dict(hidden_act="gelu_new"), "hidden_act='gelu_new', an activation"),
+        (dict(position_embedding_type="relative_key"), "position_embedding_type='relative_key'"),
+    ],
+)
+def test_bert_unsupported_configs_are_named(bert_dir, tmp_path, edit, expected):
+    directory, _, _ = bert_dir
+    assert expected in _load_error(_copy(directory, tmp_path, config=lambda c: {**c, **edit}))

@@ -8,7 +8,8 @@
 A checkpoint directory is what `save_pretrained` (or `huggingface-cli download --local-dir`)
 writes: `config.json`, the weights (`model.safetensors`, shards, or `pytorch_model.bin`) and the
 tokenizer's files. Nothing is downloaded. Each family has one module with its `ModelConfig`
-mapping and its explicit weight table (`checkpoint.Entry` rows): `gpt2` (decoder-only). The
+mapping and its explicit weight table (`checkpoint.Entry` rows): `gpt2` (decoder-only), `bert`
+(encoder-only, masked-LM or classification head). The
 conversion checks every tensor: a checkpoint of another architecture, a missing, unknown or
 misshapen tensor, or a config option the model cannot compute is a one-line
 `tfjax.errors.ConversionError` naming it. `transformers` is needed for the tokenizer and
@@ -26,9 +27,9 @@ import numpy as np
 from tfjax import errors, models
 from tfjax.data import pretrained_tokenizer
 from tfjax.nn import stacking
-from tfjax.pretrained import checkpoint, gpt2
+from tfjax.pretrained import bert, checkpoint, gpt2
 
-FAMILIES: dict[str, ModuleType] = {gpt2.MODEL_TYPE: gpt2}
+FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert)}
 
 read_hf_config = checkpoint.read_config
 
@@ -67,11 +68,11 @@ def abstract_params(config: models.ModelConfig) -> dict:
     return jax.eval_shape(init, *args[config.kind])["params"]
 
 
-def _strip_prefix(tensors: dict, prefix: str) -> dict:
-    """Names without the head model's prefix ("transformer.", "bert.", "model.")."""
-    if not prefix:
-        return tensors
-    return {name.removeprefix(prefix): value for name, value in tensors.items()}
+def _names(tensors: dict, fam: ModuleType) -> dict:
+    """Names without the head model's prefix ("transformer.", "bert.", "model."), in today's
+    spelling (`fam.rename`)."""
+    rename = getattr(fam, "rename", lambda name: name)
+    return {rename(name.removeprefix(fam.PREFIX)): value for name, value in tensors.items()}
 
 
 def load_params(
@@ -93,7 +94,7 @@ def load_params(
     hf = checkpoint.read_config(directory)
     fam = family(hf, family_name)
     config = fam.model_config(hf, head)
-    tensors = _strip_prefix(checkpoint.read_tensors(directory), fam.PREFIX)
+    tensors = _names(checkpoint.read_tensors(directory), fam)
     where = str(directory)
     checkpoint.drop_tied_and_buffers(tensors, fam.TIED, fam.BUFFERS, where)
     expected = checkpoint.flat_shapes(abstract_params(config))
@@ -142,7 +143,11 @@ def save(
         params = stacking.convert_layout(params, scan=False)
     tensors = checkpoint.to_tensors(params, fam.table(config))
     prefix = fam.PREFIX if _prefixed(hf_config, fam) else ""
-    tensors = {prefix + name: np.asarray(value) for name, value in tensors.items()}
+    unprefixed = getattr(fam, "UNPREFIXED", ())  # head tensors outside the prefixed model
+    tensors = {
+        ("" if name.startswith(unprefixed) else prefix) + name: np.asarray(value)
+        for name, value in tensors.items()
+    }
     checkpoint.write(pathlib.Path(directory), dict(hf_config), tensors)
     if tokenizer is not None:
         tokenizer.save(directory)

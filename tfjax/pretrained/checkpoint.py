@@ -170,6 +170,8 @@ def to_params(
                     f"{where}: tensor {name} has shape {list(array.shape)}, but config.json "
                     f"implies {list(shape)}"
                 )
+        if entry.path not in expected:
+            raise ConversionError(f"{where}: the weight table's {entry.path} is no model parameter")
         if entry.layout == "linear":
             arrays = [a.T for a in arrays]
         joined = np.concatenate(arrays, axis=-1) if len(arrays) > 1 else arrays[0]

@@ -1,0 +1,134 @@
+"""BERT (Devlin et al. 2019) as tfjax's encoder-only model: config and weight table.
+
+What `BertForMaskedLM` and `BertForSequenceClassification` compute, in tfjax's options: word,
+learned position and token-type embeddings (`num_token_types`), summed and normalised
+(`embedding_norm`), post-LN layers with exact GELU, separate q/k/v `Linear`s (fused here into
+one "qkv" kernel [D, 3N, H]), LayerNorm epsilon 1e-12. The MLM head is dense + GELU +
+LayerNorm, then the word embeddings (tied) plus a learned bias (`output_bias="on"`); the
+classification head is the pooler (tanh of a dense layer on [CLS]) and a classifier, as
+tfjax's "classify" head. The tokenizer's [CLS] is its BOS and [SEP] its EOS, so
+classification inputs read "[CLS] text" (no trailing [SEP]).
+
+Not supported (a one-line error): `BertForPreTraining` checkpoints (the next-sentence head and
+the pooler have no place in the MLM model: convert a `BertForMaskedLM`), relative position
+embeddings, decoder use, activations other than exact GELU.
+"""
+
+from tfjax import models
+from tfjax.pretrained import checkpoint
+from tfjax.pretrained.checkpoint import Entry
+
+MODEL_TYPE = "bert"
+PREFIX = "bert."
+PREFIXED_ARCHITECTURES = r"^BertFor"  # BertModel's weights have no prefix
+UNPREFIXED = ("cls.", "classifier.")  # head tensors, outside the "bert." model
+ACTIVATIONS = {"gelu": "gelu"}  # the MLM head's GELU is exact, as tfjax's
+UNSUPPORTED = {
+    "position_embedding_type": ("absolute",),
+    "is_decoder": (False,),
+    "add_cross_attention": (False,),
+    "tie_word_embeddings": (True,),
+}
+HEADS = {"BertForMaskedLM": "mlm", "BertForSequenceClassification": "classify"}
+
+
+def _head(hf: dict, head: str | None) -> str:
+    architectures = hf.get("architectures") or []
+    named = [HEADS[a] for a in architectures if a in HEADS]
+    if head is None and not named:
+        raise checkpoint.ConversionError(
+            f"config.json names architectures {architectures}: tfjax converts "
+            f"{', '.join(HEADS)} (or pass head='mlm' / 'classify' for a BertModel)"
+        )
+    return head or named[0]
+
+
+def model_config(hf: dict, head: str | None = None) -> models.ModelConfig:
+    """The `ModelConfig` of a BERT config.json; `head` "mlm" or "classify" (None: its own)."""
+    checkpoint.check_options(hf, MODEL_TYPE, UNSUPPORTED, ACTIVATIONS, "hidden_act")
+    head = _head(hf, head)
+    checkpoint.check_head(head, ("mlm", "classify"), MODEL_TYPE)
+    return models.ModelConfig(
+        kind="encoder_only",
+        encoder_head=head,
+        num_classes=len(hf.get("id2label") or {0: 0, 1: 1}),
+        vocab_size=hf["vocab_size"],
+        embed_dim=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        mlp_dim=hf["intermediate_size"],
+        max_len=hf["max_position_embeddings"],
+        dropout_rate=hf.get("hidden_dropout_prob", 0.1),
+        attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
+        positional="learned",
+        norm="layernorm",
+        norm_position="post",
+        layer_norm_epsilon=hf.get("layer_norm_eps", 1e-12),
+        activation=ACTIVATIONS[hf["hidden_act"]],
+        use_bias=True,
+        tie_output=True,
+        scale_embeddings=False,
+        num_token_types=hf.get("type_vocab_size", 2),
+        embedding_norm=True,
+        output_bias="on" if head == "mlm" else "auto",
+    )
+
+
+def table(cfg: models.ModelConfig) -> list[Entry]:
+    """The weight table of `cfg` (names without the "bert." prefix)."""
+    d, f, v = cfg.embed_dim, cfg.mlp_dim, cfg.vocab_size
+    embedder = "encoder/embedder/"
+    rows = [
+        Entry("embed/embedding", ("embeddings.word_embeddings.weight",), ((v, d),)),
+        Entry(
+            embedder + "pos_embedding/embedding",
+            ("embeddings.position_embeddings.weight",),
+            ((cfg.max_len, d),),
+        ),
+        Entry(
+            embedder + "token_type_embedding",
+            ("embeddings.token_type_embeddings.weight",),
+            ((cfg.num_token_types, d),),
+        ),
+        *checkpoint.norm(embedder + "norm", "embeddings.LayerNorm", d),
+    ]
+    for i in range(cfg.num_layers):
+        hf, tf = f"encoder.layer.{i}.", f"encoder/layer_{i}/"
+        qkv = [hf + "attention.self." + name for name in ("query", "key", "value")]
+        out, out_norm = hf + "attention.output.dense", hf + "attention.output.LayerNorm"
+        rows += [
+            *checkpoint.fused(tf + "self_attention/qkv", qkv, d, d, bias=True),
+            *checkpoint.dense(tf + "self_attention/out", out, d, d, "linear"),
+            *checkpoint.norm(tf + "self_attention_residual/norm", out_norm, d),
+            *checkpoint.dense(tf + "mlp/wi", hf + "intermediate.dense", d, f, "linear"),
+            *checkpoint.dense(tf + "mlp/wo", hf + "output.dense", f, d, "linear"),
+            *checkpoint.norm(tf + "mlp_residual/norm", hf + "output.LayerNorm", d),
+        ]
+    if cfg.encoder_head == "mlm":
+        rows += [
+            *checkpoint.dense("mlm_dense", "cls.predictions.transform.dense", d, d, "linear"),
+            *checkpoint.norm("mlm_norm", "cls.predictions.transform.LayerNorm", d),
+            Entry("logits_bias", ("cls.predictions.bias",), ((v,),)),
+        ]
+    else:
+        rows += [
+            *checkpoint.dense("pooler", "pooler.dense", d, d, "linear"),
+            *checkpoint.dense("classifier", "classifier", d, cfg.num_classes, "linear"),
+        ]
+    return rows
+
+
+def rename(name: str) -> str:
+    """Older checkpoints' LayerNorm "gamma" / "beta" are today's "weight" / "bias"."""
+    if name.endswith("LayerNorm.gamma"):
+        return name.removesuffix("gamma") + "weight"
+    if name.endswith("LayerNorm.beta"):
+        return name.removesuffix("beta") + "bias"
+    return name
+
+
+TIED = {
+    "cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
+BUFFERS = (r"embeddings\.position_ids",)
