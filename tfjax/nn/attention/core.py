@@ -2,7 +2,8 @@
 
 `dot_product_attention` is the one place where masks and biases are applied; it dispatches to
 `jax.nn.dot_product_attention` (XLA, or cuDNN's fused attention) for the dot scores and to the
-einsum reference written here otherwise.
+einsum reference written here otherwise. The score functions and dropout live in `primitives`
+(re-exported here).
 
 Sources:
 - scaled dot-product attention: Vaswani et al. 2017, "Attention Is All You Need", §3.2.1 (Eq. 1);
@@ -11,36 +12,21 @@ Sources:
 - multi-query and grouped-query attention: Shazeer 2019; Ainslie et al. 2023 (GQA), §2.
 """
 
-import numbers
-
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-SCORES = ("scaled_dot", "dot", "general", "additive")
+from tfjax.nn.attention.primitives import (  # re-exported: core.attention_logits and the rest
+    SCORES,  # noqa: F401
+    attention_logits,
+    check_qkv,
+    check_score,  # noqa: F401
+    dropout_active,
+    probability_dropout,
+)
+
 IMPLEMENTATIONS = ("auto", "reference", "xla", "cudnn")
 _FAST_SCORES = ("scaled_dot", "dot")
-
-
-def check_score(score: str) -> None:
-    """ValueError unless `score` is one of `SCORES`."""
-    if score not in SCORES:
-        raise ValueError(f"score={score!r} is not one of {SCORES}")
-
-
-def check_qkv(q: Array, k: Array, v: Array) -> None:
-    """ValueError unless q [B, L, N, H], k, v [B, S, K, H] fit together with K dividing N."""
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(
-            f"q, k, v must be [B, L, N, H], [B, S, K, H], [B, S, K, H]; got shapes "
-            f"{q.shape}, {k.shape}, {v.shape}"
-        )
-    if k.shape != v.shape[:3] + k.shape[3:] or q.shape[0] != k.shape[0]:
-        raise ValueError(f"k {k.shape} and v {v.shape} must share [B, S, K]; q is {q.shape}")
-    if q.shape[2] % k.shape[2]:
-        raise ValueError(
-            f"query heads N={q.shape[2]} must be a multiple of kv heads K={k.shape[2]}"
-        )
 
 
 def use_fast_path(score: str, implementation: str, dropout: bool) -> bool:
@@ -58,50 +44,6 @@ def use_fast_path(score: str, implementation: str, dropout: bool) -> bool:
             f"score={score!r}{' with dropout' if dropout else ''}: use implementation='auto'"
         )
     return fast
-
-
-def _grouped(q: Float[Array, "B L N H"], num_kv_heads: int) -> Float[Array, "B L K G H"]:
-    b, length, n, h = q.shape
-    return q.reshape(b, length, num_kv_heads, n // num_kv_heads, h)  # [B, L, K, G, H]
-
-
-def attention_logits(
-    q: Float[Array, "B L N H"],
-    k: Float[Array, "B S K H"],
-    *,
-    score: str = "scaled_dot",
-    score_params: dict[str, Array] | None = None,
-) -> Float[Array, "B N L S"]:
-    """Unnormalised attention scores in float32.
-
-    Args:
-      q: queries [B, L, N, H].
-      k: keys [B, S, K, H]; K divides N (query head n uses kv head n // G).
-      score: "scaled_dot" (q·k / sqrt(H), Vaswani §3.2.1), "dot" (q·k, Luong §3.1), "general"
-        (q^T W k, Luong §3.1; needs `score_params["w"]` [N, H, H]) or "additive"
-        (v^T tanh(W_q q + W_k k), Bahdanau A.1.2; needs "w_q" [N, H, A], "w_k" [N, H, A],
-        "v" [N, A]). The additive score materialises [B, N, L, S, A]: use it on small inputs.
-      score_params: parameters of the general and additive scores.
-
-    Returns:
-      float32 logits [B, N, L, S].
-    """
-    check_score(score)
-    b, length, n, h = q.shape
-    num_kv = k.shape[2]
-    if score == "additive":
-        k_full = jnp.repeat(k, n // num_kv, axis=2)  # [B, S, N, H]
-        q_a = jnp.einsum("BLNH,NHA->BNLA", q, score_params["w_q"])
-        k_a = jnp.einsum("BSNH,NHA->BNSA", k_full, score_params["w_k"])
-        hidden = jnp.tanh(q_a[:, :, :, None, :] + k_a[:, :, None, :, :])  # [B, N, L, S, A]
-        return jnp.einsum("BNLSA,NA->BNLS", hidden, score_params["v"]).astype(jnp.float32)
-    if score == "general":
-        q = jnp.einsum("BLNH,NHI->BLNI", q, score_params["w"])  # [B, L, N, H]
-    logits = jnp.einsum("BLKGH,BSKH->BKGLS", _grouped(q, num_kv), k)
-    logits = logits.reshape(b, n, length, k.shape[1]).astype(jnp.float32)  # [B, N, L, S]
-    if score == "scaled_dot":
-        logits = logits * h**-0.5
-    return logits
 
 
 def masked_softmax(
@@ -187,22 +129,6 @@ def _jax_attention(
     if mask is not None:  # fully masked rows are zeros, as on the reference path
         out = jnp.where(_row_has_key(mask, out.shape), out, 0).astype(v.dtype)
     return out
-
-
-def dropout_active(rate: float | Array, deterministic: bool) -> bool:
-    """Whether probability dropout runs: not `deterministic`, and a rate > 0 or a traced one (a
-    vectorised sweep's trials, each with its own rate; a traced 0 keeps every probability)."""
-    return not deterministic and (not isinstance(rate, numbers.Real) or rate > 0.0)
-
-
-def probability_dropout(
-    probs: Float[Array, "..."], rate: float | Array, rng: Array | None
-) -> Array:
-    """Inverted dropout on attention probabilities of any layout: kept with 1 - rate, rescaled."""
-    if rng is None:
-        raise ValueError("dropout_rng is required when dropout_rate > 0 and not deterministic")
-    keep = jax.random.bernoulli(rng, 1.0 - rate, probs.shape)
-    return jnp.where(keep, probs / (1.0 - rate), 0.0)
 
 
 def dot_product_attention(
