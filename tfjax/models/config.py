@@ -33,6 +33,8 @@ class ModelConfig:
     `window_radius` r > 0 restricts self-attention to |i - j| <= r (blocked, O(L · r), outside
     cached decoding; see `attention.local`); `value_rank` r > 0 factorises the value projection;
     `positional_dim` is the position width when positions are concatenated.
+    `attention_impl` names one of `attention.IMPLEMENTATIONS`: "chunked" runs every attention
+    in blocks with an online softmax (`attention.chunked`), its memory linear in the length.
     `dtype` is the compute dtype and `param_dtype` the storage dtype (names as strings).
     `scan_layers` runs each stack as one `nn.scan` (parameters stacked on a leading layer axis,
     compile time independent of depth; `stacking.stack_layers` converts parameter trees);

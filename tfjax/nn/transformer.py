@@ -254,14 +254,16 @@ class _Stack(nn.Module):
     def _window(
         self, segment_ids: Array | None, positions: Array | None, *, causal: bool
     ) -> attention.local.Window | None:
-        """Restricted self-attention (`window_radius` r > 0) for the blocked O(L · r) path.
+        """Restricted self-attention (`window_radius` r > 0) for the blocked O(L · r) path, and
+        with `attention_impl="chunked"` the structure of any self-attention (radius None without
+        a window) for the chunked path, which never builds [L, L] masks either.
 
         The relative or ALiBi bias goes in as a function of key - query offsets, evaluated per
         block: the same bias as `_position_bias`, never built as [L, L]. Positions are those
         the caller gave (None: 0..L-1, which the blocked path needs only for one block).
         """
         cfg = self.config
-        if not cfg.window_radius:
+        if not cfg.window_radius and cfg.attention_impl != "chunked":
             return None
         offset_bias = None
         if cfg.positional == "relative":
@@ -270,7 +272,7 @@ class _Stack(nn.Module):
             slopes = positional.alibi_slopes(cfg.num_heads)
             offset_bias = functools.partial(positional.alibi_offset_bias, slopes=slopes)
         return attention.local.Window(
-            cfg.window_radius, causal, segment_ids, positions, offset_bias=offset_bias
+            cfg.window_radius or None, causal, segment_ids, positions, offset_bias=offset_bias
         )
 
     def _final(self, x: Array) -> Array:

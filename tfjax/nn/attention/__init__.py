@@ -1,11 +1,18 @@
 """Attention: score functions, the masked softmax, the KV cache and the multi-head attention module.
 
 Submodules, one job each (each imports only those listed above it):
-- `core`: pure attention math: `attention_logits` (the four scores), `masked_softmax` and
-  `dot_product_attention` with its XLA / cuDNN / reference dispatch;
+- `primitives`: what every path shares: `attention_logits` (the four scores), the input checks
+  and probability dropout (re-exported by `core`);
+- `chunked`: `chunked_attention`, queries and keys in blocks with an online softmax (Rabe &
+  Staats 2021; FlashAttention), memory linear in the length in the forward and backward passes,
+  with dense masks and biases read per block and causality, windows, segment ids and offset
+  biases (T5 relative, ALiBi) built per block;
+- `core`: pure attention math: `masked_softmax` and `dot_product_attention` with its XLA /
+  cuDNN / chunked / reference dispatch;
 - `local`: blocked `local_attention`, |i - j| <= r in O(L · r), with segment ids, causality,
   dropout and offset biases (T5 relative, ALiBi); `Window`, the restriction a model hands to
-  `MultiHeadAttention(..., window=...)`, and `window_attention`, blocked or dense fallback;
+  `MultiHeadAttention(..., window=...)` (radius None: only causality, segments and the offset
+  bias, for the chunked path), and `window_attention`: chunked, blocked or dense fallback;
 - `cache`: the head-major key/value cache of decoding: `cached_attention` over it, the pure
   `append`, and the reads/writes of a module's "cache" collection;
 - `projections`: head sizes, the q/k/v/out projections (fused QKV, separate q, k, v, cross kv,
@@ -33,6 +40,7 @@ negative; fully masked query rows return zeros.
 """
 
 from tfjax.nn.attention.cache import cached_attention
+from tfjax.nn.attention.chunked import chunked_attention
 from tfjax.nn.attention.core import (
     IMPLEMENTATIONS,
     SCORES,
@@ -52,6 +60,7 @@ __all__ = [
     "attention_logits",
     "attention_weights",
     "cached_attention",
+    "chunked_attention",
     "dot_product_attention",
     "local_attention",
     "masked_softmax",

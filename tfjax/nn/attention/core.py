@@ -1,9 +1,10 @@
 """Attention math as pure functions: score functions, the masked softmax, dot-product attention.
 
 `dot_product_attention` is the one place where masks and biases are applied; it dispatches to
-`jax.nn.dot_product_attention` (XLA, or cuDNN's fused attention) for the dot scores and to the
-einsum reference written here otherwise. The score functions and dropout live in `primitives`
-(re-exported here).
+`jax.nn.dot_product_attention` (XLA, or cuDNN's fused attention) for the dot scores, to
+`chunked.chunked_attention` when asked (implementation="chunked") and to the einsum reference
+written here otherwise. The score functions and dropout live in `primitives` (re-exported
+here).
 
 Sources:
 - scaled dot-product attention: Vaswani et al. 2017, "Attention Is All You Need", §3.2.1 (Eq. 1);
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
+from tfjax.nn.attention import chunked
 from tfjax.nn.attention.primitives import (  # re-exported: core.attention_logits and the rest
     SCORES,  # noqa: F401
     attention_logits,
@@ -25,7 +27,7 @@ from tfjax.nn.attention.primitives import (  # re-exported: core.attention_logit
     probability_dropout,
 )
 
-IMPLEMENTATIONS = ("auto", "reference", "xla", "cudnn")
+IMPLEMENTATIONS = ("auto", "reference", "xla", "cudnn", "chunked")
 _FAST_SCORES = ("scaled_dot", "dot")
 
 
@@ -37,7 +39,8 @@ def use_fast_path(score: str, implementation: str, dropout: bool) -> bool:
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
-    fast = implementation != "reference" and score in _FAST_SCORES and not dropout
+    fast = implementation not in ("reference", "chunked")
+    fast = fast and score in _FAST_SCORES and not dropout
     if implementation == "cudnn" and not fast:
         raise ValueError(
             f"implementation='cudnn' runs the dot scores without probability dropout; got "
@@ -161,13 +164,28 @@ def dot_product_attention(
         without probability dropout, else the reference path; "xla" is "auto" by another name;
         "cudnn" asks `jax.nn.dot_product_attention` for cuDNN's fused (flash) attention, which
         needs an NVIDIA GPU, bf16/fp16 inputs, a dot score and no probability dropout (a
-        ValueError says which is missing); "reference" always uses the einsum path written here.
+        ValueError says which is missing); "reference" always uses the einsum path written here;
+        "chunked" runs `chunked.chunked_attention`: blocks with an online softmax, memory linear
+        in L and S in the forward and backward passes, every score, on every platform.
 
     Returns:
       [B, L, N, H] in the dtype of `v`; rows whose mask is all False are zeros.
     """
     check_qkv(q, k, v)
     dropout = dropout_active(dropout_rate, deterministic)
+    if implementation == "chunked":
+        return chunked.chunked_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            score=score,
+            score_params=score_params,
+            dropout_rate=dropout_rate,
+            dropout_rng=dropout_rng,
+            deterministic=deterministic,
+        )
     if use_fast_path(score, implementation, dropout):
         return _jax_attention(q, k, v, mask, bias, score, implementation)
     probs = attention_weights(q, k, mask=mask, bias=bias, score=score, score_params=score_params)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from tfjax.nn import masking
-from tfjax.nn.attention import core
+from tfjax.nn.attention import chunked, core
 
 # Key - query position offsets [*shape] (int) -> per-head logit bias [*shape, N] (float), e.g.
 # `positional.RelativePositionBias.offset_bias()` or a partial of `positional.alibi_offset_bias`.
@@ -36,24 +36,26 @@ class Window:
 
     Query i sees key j iff |i - j| <= radius (i - radius <= j <= i when causal; indices, not
     positions), both are in the same non-zero segment when `segment_ids` is set, and the logit
-    gets `offset_bias(positions[j] - positions[i])` when an offset bias is set.
+    gets `offset_bias(positions[j] - positions[i])` when an offset bias is set. A radius of None
+    restricts nothing: the window then only carries causality, segments and the offset bias to
+    `chunked.chunked_attention`, which applies them per block (`implementation="chunked"`).
 
     Attributes:
-      radius: r >= 1.
+      radius: r >= 1, or None for no radius.
       causal: also hide keys after the query.
       segment_ids: [B, L] int32 (0 = padding) or None (one segment, no padding).
       positions: [B, L] int32 positions for the offset bias, or None for 0..L-1.
       offset_bias: key - query offsets -> per-head bias [..., N], or None.
     """
 
-    radius: int
+    radius: int | None
     causal: bool = False
     segment_ids: Int[Array, "B L"] | None = None
     positions: Int[Array, "B L"] | None = None
     offset_bias: OffsetBias | None = None
 
     def __post_init__(self):
-        if self.radius < 1:
+        if self.radius is not None and self.radius < 1:
             raise ValueError(f"Window.radius must be >= 1, got {self.radius}")
 
 
@@ -196,10 +198,15 @@ def blocked_path_applies(score: str, implementation: str) -> bool:
 
 def dense_mask_and_bias(
     window: Window, length: int
-) -> tuple[Bool[Array, "#B 1 L L"], Float[Array, "#B N L L"] | None]:
-    """The window as a dense mask [B|1, 1, L, L] and bias [B|1, N, L, L] (or None), O(L^2)."""
+) -> tuple[Bool[Array, "#B 1 L L"] | None, Float[Array, "#B N L L"] | None]:
+    """The window as a dense mask [B|1, 1, L, L] (or None) and bias [B|1, N, L, L] (or None),
+    O(L^2)."""
+    if window.radius is not None:
+        restrict = masking.window_mask(length, window.radius, causal=window.causal)
+    else:
+        restrict = masking.causal_mask(length) if window.causal else None
     mask = masking.combine_masks(
-        masking.window_mask(length, window.radius, causal=window.causal),
+        restrict,
         None if window.segment_ids is None else masking.segment_mask(window.segment_ids),
     )
     if window.offset_bias is None:
@@ -224,7 +231,8 @@ def window_attention(
     deterministic: bool = True,
     implementation: str = "auto",
 ) -> Float[Array, "B L N H"]:
-    """Self-attention restricted by `window`: blocked, O(L · r), where it applies, else dense.
+    """Self-attention restricted by `window`: chunked when asked (implementation="chunked",
+    every score, memory linear in L), else blocked, O(L · r), where it applies, else dense.
 
     Args: as `core.dot_product_attention`, with `window` instead of a mask and a bias.
 
@@ -232,7 +240,21 @@ def window_attention(
       [B, L, N, H] in the dtype of `v`.
     """
     dropout = dict(dropout_rate=dropout_rate, dropout_rng=dropout_rng, deterministic=deterministic)
-    if blocked_path_applies(score, implementation):
+    if implementation == "chunked":
+        return chunked.chunked_attention(
+            q,
+            k,
+            v,
+            causal=window.causal,
+            radius=window.radius,
+            segment_ids=window.segment_ids,
+            positions=window.positions,
+            offset_bias=window.offset_bias,
+            score=score,
+            score_params=score_params,
+            **dropout,
+        )
+    if window.radius is not None and blocked_path_applies(score, implementation):
         return local_attention(
             q,
             k,
