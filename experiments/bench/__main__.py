@@ -36,7 +36,7 @@ def _define_flags() -> None:
     flags.DEFINE_enum(
         "attention_impl",
         "auto",
-        ["auto", "xla", "cudnn", "reference"],
+        ["auto", "xla", "cudnn", "reference", "chunked"],
         "ModelConfig.attention_impl of the benchmarked model (cudnn: NVIDIA GPUs, bf16).",
     )
     flags.DEFINE_enum(

@@ -37,8 +37,8 @@ from jaxtyping import Array, Bool, Float, Int
 
 from tfjax.nn.attention import primitives
 
-QUERY_CHUNK = 512
-KEY_CHUNK = 1024
+QUERY_CHUNK = 256
+KEY_CHUNK = 512
 _NEG = float(jnp.finfo(jnp.float32).min)
 
 
