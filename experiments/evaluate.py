@@ -43,6 +43,14 @@ FLAGS = flags.FLAGS
 def _evaluate() -> None:
     from tfjax.runs import evaluator
 
+    options = dict(
+        beam_size=FLAGS.beam_size,
+        alpha=FLAGS.alpha,
+        step=FLAGS.step,
+        max_examples=FLAGS.max_examples,
+        batch_size=FLAGS.batch_size,
+        average_last=FLAGS.average_last,
+    )
     files = (FLAGS.source_file, FLAGS.reference_file)
     if any(files):
         if not all(files):
@@ -52,33 +60,13 @@ def _evaluate() -> None:
             )
         if FLAGS.split is not None:
             raise cli.UsageError("--split scores a split of the run's dataset; drop it with files")
-        record = evaluator.evaluate_files(
-            FLAGS.workdir,
-            FLAGS.source_file,
-            FLAGS.reference_file,
-            beam_size=FLAGS.beam_size,
-            alpha=FLAGS.alpha,
-            step=FLAGS.step,
-            max_examples=FLAGS.max_examples,
-            batch_size=FLAGS.batch_size,
-            average_last=FLAGS.average_last,
+        record = evaluator.evaluate_files(FLAGS.workdir, *files, **options)
+    else:
+        record = evaluator.evaluate_workdir(
+            FLAGS.workdir, split=FLAGS.split, sample_windows=FLAGS.sample_windows, **options
         )
-        for warning in record["warnings"]:
-            print(f"warning: {warning}", file=sys.stderr)
-        print(evaluator.report(record))
-        print(f"written: {pathlib.Path(FLAGS.workdir) / evaluator.EVAL_FILE}")
-        return
-    record = evaluator.evaluate_workdir(
-        FLAGS.workdir,
-        split=FLAGS.split,
-        beam_size=FLAGS.beam_size,
-        alpha=FLAGS.alpha,
-        step=FLAGS.step,
-        max_examples=FLAGS.max_examples,
-        batch_size=FLAGS.batch_size,
-        average_last=FLAGS.average_last,
-        sample_windows=FLAGS.sample_windows,
-    )
+    for warning in record.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     print(evaluator.report(record))
     print(f"written: {pathlib.Path(FLAGS.workdir) / evaluator.EVAL_FILE}")
 
