@@ -14,19 +14,24 @@ against the config before anything starts. `--print` prints one shell-quoted com
 for a cluster launcher. Otherwise the runs go one after another in this process's Python; a
 failed run is recorded and the next one starts. After each run `ROOT/NAME/summary.csv` and
 `summary.md` are rewritten with one row per run: its overrides, status, wall time, and the
-latest evaluation and train metrics from its `metrics.jsonl`. `--plot` then draws loss curves
-and final metrics against each swept value next to them (`experiments.plot`, which needs the
-`plot` extra; checked before the first run starts). The exit status is 1 when a run
-failed, 2 (with one line `error: ...`) when the sweep itself cannot start (an unknown sweep, a
-bad override). Rerunning the same sweep resumes each run from its checkpoints.
+latest evaluation and train metrics from its `metrics.jsonl`. When runs differ in `seed`,
+`seeds.csv` and `seeds.md` merge those that differ only in it: each metric's mean ± sample
+standard deviation over the seeds (the tables of README's Results come from these). `--plot`
+then draws loss curves and final metrics against each swept value next to them
+(`experiments.plot`, which needs the `plot` extra; checked before the first run starts). The
+exit status is 1 when a run failed, 2 (with one line `error: ...`) when the sweep itself cannot
+start (an unknown sweep, a bad override). Rerunning the same sweep resumes each run from its
+checkpoints.
 """
 
 import csv
 import dataclasses
 import hashlib
+import math
 import pathlib
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -63,6 +68,9 @@ ABBREVIATIONS = {
 _MAX_NAME_LEN = 100
 # The latest of either kind is the run's final evaluation (the trainer ends with "final_eval").
 _EVAL_KINDS = ("eval", "final_eval")
+SEED_KEY = "seed"  # runs that differ only in it are averaged in seeds.md
+_NOT_SETTINGS = ("run", "status", "seconds", SEED_KEY)
+_METRIC_PREFIXES = ("eval/", "train/")
 
 
 @dataclasses.dataclass
@@ -202,6 +210,15 @@ def _markdown_cell(value: object) -> str:
     return text.replace("|", "\\|")
 
 
+def _write_csv(
+    path: pathlib.Path, rows: Sequence[Mapping[str, object]], columns: Sequence[str]
+) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
+
+
 def write_summary(
     rows: Sequence[Mapping[str, object]], directory: str | pathlib.Path
 ) -> tuple[pathlib.Path, pathlib.Path]:
@@ -219,13 +236,81 @@ def write_summary(
     directory.mkdir(parents=True, exist_ok=True)
     columns = _columns(rows)
     csv_path, md_path = directory / "summary.csv", directory / "summary.md"
-    with csv_path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
-        writer.writeheader()
-        writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
+    _write_csv(csv_path, rows, columns)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         lines.append("| " + " | ".join(_markdown_cell(row.get(c)) for c in columns) + " |")
+    md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    if any(SEED_KEY in row for row in rows):
+        write_seed_summary(rows, directory)
+    return csv_path, md_path
+
+
+def _is_metric(column: str) -> bool:
+    return column.startswith(("eval/", "train/")) and not column.endswith("/step")
+
+
+def _float(value: object) -> float | None:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def seed_summary(rows: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
+    """Rows that differ only in `seed` merged: their count and each metric's mean and sample
+    standard deviation (n - 1; empty for one seed), over the runs with status "ok".
+
+    A row per setting of the other overrides, in first-seen order: those overrides, `seeds`
+    (the seeds averaged, e.g. "0,1,2"), and `<metric>/mean`, `<metric>/std` for every
+    `eval/...` and `train/...` metric.
+    """
+    columns = _columns(rows)
+    metrics = [c for c in columns if _is_metric(c)]
+    settings = [c for c in columns if c not in _NOT_SETTINGS and not c.startswith(_METRIC_PREFIXES)]
+    groups: dict[tuple, list[Mapping[str, object]]] = {}
+    for row in rows:
+        if row.get("status") == "ok":
+            groups.setdefault(tuple(row.get(c) for c in settings), []).append(row)
+    merged = []
+    for key, members in groups.items():
+        out: dict[str, object] = {c: v for c, v in zip(settings, key, strict=True) if v is not None}
+        out["seeds"] = ",".join(str(m.get(SEED_KEY, "")) for m in members)
+        for metric in metrics:
+            values = [v for v in (_float(m.get(metric)) for m in members) if v is not None]
+            if values:
+                out[f"{metric}/mean"] = statistics.fmean(values)
+                out[f"{metric}/std"] = statistics.stdev(values) if len(values) > 1 else None
+        merged.append(out)
+    return merged
+
+
+def write_seed_summary(
+    rows: Sequence[Mapping[str, object]], directory: str | pathlib.Path
+) -> tuple[pathlib.Path, pathlib.Path]:
+    """Writes `seeds.csv` and `seeds.md` (`seed_summary`); the markdown gives each metric as
+    "mean ± std" to 4 significant digits."""
+    directory = pathlib.Path(directory)
+    merged = seed_summary(rows)
+    columns = _columns(merged)
+    csv_path, md_path = directory / "seeds.csv", directory / "seeds.md"
+    _write_csv(csv_path, merged, columns)
+    shown = [c for c in columns if not c.endswith(("/mean", "/std"))]
+    metrics = [c[: -len("/mean")] for c in columns if c.endswith("/mean")]
+    lines = [
+        "| " + " | ".join([*shown, *metrics]) + " |",
+        "|" + "---|" * (len(shown) + len(metrics)),
+    ]
+    for row in merged:
+        cells = [_markdown_cell(row.get(c)) for c in shown]
+        for metric in metrics:
+            mean, std = row.get(f"{metric}/mean"), row.get(f"{metric}/std")
+            if mean is None:
+                cells.append("")
+            else:
+                cells.append(_markdown_cell(mean) + ("" if std is None else f" ± {std:.2g}"))
+        lines.append("| " + " | ".join(cells) + " |")
     md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return csv_path, md_path
 

@@ -205,6 +205,53 @@ def test_write_summary_csv_and_markdown(tmp_path):
     ]
 
 
+def test_seed_summary_averages_runs_that_differ_only_in_the_seed(tmp_path):
+    def row(pe, seed, match, status="ok"):
+        return {
+            "run": f"{pe}-{seed}",
+            "status": status,
+            "model.positional": pe,
+            "seed": seed,
+            "seconds": 60.0 + seed,
+            "eval/exact_match": match,
+            "eval/step": 100,
+        }
+
+    rows = [
+        row("rotary", 0, 0.5),
+        row("rotary", 1, 0.7),
+        row("rotary", 2, 0.9),
+        row("alibi", 0, 0.25),
+        row("alibi", 1, 0.0, "failed (exit 1)"),
+    ]
+    merged = sweep.seed_summary(rows)
+    assert [m["model.positional"] for m in merged] == ["rotary", "alibi"]
+    rotary, alibi = merged
+    assert rotary["seeds"] == "0,1,2" and alibi["seeds"] == "0"  # the failed run left out
+    # mean (0.5 + 0.7 + 0.9) / 3; sample std sqrt(((-0.2)^2 + 0 + 0.2^2) / (3 - 1)) = 0.2
+    assert rotary["eval/exact_match/mean"] == pytest.approx(0.7)
+    assert rotary["eval/exact_match/std"] == pytest.approx(0.2)
+    assert alibi["eval/exact_match/mean"] == 0.25 and alibi["eval/exact_match/std"] is None
+    assert not any(key.startswith(("eval/step", "seconds")) for key in rotary)
+
+    sweep.write_summary(rows, tmp_path)  # a "seed" column: seeds.md beside summary.md
+    assert (tmp_path / "seeds.md").read_text().splitlines() == [
+        "| model.positional | seeds | eval/exact_match |",
+        "|---|---|---|",
+        "| rotary | 0,1,2 | 0.7 ± 0.2 |",
+        "| alibi | 0 | 0.25 |",
+    ]
+    with (tmp_path / "seeds.csv").open() as handle:
+        assert float(next(iter(csv.DictReader(handle)))["eval/exact_match/std"]) == pytest.approx(
+            0.2
+        )
+
+
+def test_no_seed_summary_without_a_seed_column(tmp_path):
+    sweep.write_summary([{"run": "a", "status": "ok", "eval/loss": 1.0}], tmp_path)
+    assert not (tmp_path / "seeds.md").exists()
+
+
 # Writes metrics like the trainer would; fails for learning rate 2.0.
 FAKE_TRAIN = textwrap.dedent("""
     import json, pathlib, sys
