@@ -5,7 +5,9 @@ Flags: `--split` (default: the run's `data.eval_split`; any split of the run's d
 last N checkpoints), `--beam_size` (4; 1 = greedy), `--alpha` (0.6, beam length penalty),
 `--step` (default: the latest good checkpoint), `--max_examples` (0 = the whole split),
 `--batch_size` (64), `--source_file` with `--reference_file` (seq2seq runs: score any
-line-aligned text files instead of a split of the run's dataset).
+line-aligned text files instead of a split of the run's dataset), `--oracle_length` (seq2seq,
+with `--beam_size=1`: greedy decoding that ends each hypothesis where its reference ends, an
+analysis aid for length generalisation, e.g. SCAN's length split; the record says so).
 
 Reads `W/config.json`, restores the checkpoint, then
   * seq2seq runs: decodes the split and scores the detokenized hypotheses against the targets:
@@ -60,10 +62,16 @@ def _evaluate() -> None:
             )
         if FLAGS.split is not None:
             raise cli.UsageError("--split scores a split of the run's dataset; drop it with files")
+        if FLAGS.oracle_length:
+            raise cli.UsageError("--oracle_length needs the run's own split, not --source_file")
         record = evaluator.evaluate_files(FLAGS.workdir, *files, **options)
     else:
         record = evaluator.evaluate_workdir(
-            FLAGS.workdir, split=FLAGS.split, sample_windows=FLAGS.sample_windows, **options
+            FLAGS.workdir,
+            split=FLAGS.split,
+            sample_windows=FLAGS.sample_windows,
+            oracle_length=FLAGS.oracle_length,
+            **options,
         )
     for warning in record.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
@@ -95,6 +103,11 @@ def _define_flags() -> None:
         "sample_windows",
         2400,
         "Text-stream LMs: also report the loss on N random windows (nanoGPT: 200 x 12).",
+    )
+    flags.DEFINE_boolean(
+        "oracle_length",
+        False,
+        "Seq2seq, greedy: end each hypothesis where its reference ends (an analysis aid).",
     )
     flags.mark_flag_as_required("workdir")
 

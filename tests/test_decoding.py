@@ -171,6 +171,60 @@ def test_cached_greedy_equals_uncached_greedy_with_padded_sources():
     np.testing.assert_array_equal(out, reference)
 
 
+def _oracle_reference(model, params, eos, lengths, max_length=8):
+    """Uncached greedy with EOS forbidden before lengths[b] and written at it, row by row."""
+    variables = {"params": params}
+    encoded = model.apply(variables, SRC, inputs_segment_ids=SRC_SEG, method=model.encode)
+    buf = np.zeros((SRC.shape[0], max_length), np.int32)
+    for t in range(max_length):
+        logits = np.array(
+            model.apply(
+                variables,
+                encoded,
+                jnp.asarray(buf),
+                inputs_segment_ids=SRC_SEG,
+                method=model.decode,
+            )[:, t]
+        )  # [B, V]
+        for b, length in enumerate(lengths):
+            if t < length:
+                logits[b, eos] = -np.inf
+                buf[b, t] = int(np.argmax(logits[b]))
+            elif t == length:
+                buf[b, t] = eos
+    return buf
+
+
+@pytest.mark.parametrize("lengths", [("own", 6), (5, 2)])
+def test_oracle_lengths_put_eos_exactly_there_and_nowhere_before(lengths):
+    model, params = _model()
+    raw, eos = _greedy_reference()
+    own = int(np.argmax(np.asarray(raw[0]) == eos))  # where the model itself ends row 0
+    lengths = tuple(own if length == "own" else length for length in lengths)
+    out = np.asarray(
+        _jit_generate(model, max_length=8, eos_id=eos)(
+            params, inputs=SRC, inputs_segment_ids=SRC_SEG, lengths=jnp.asarray(lengths)
+        )
+    )
+    np.testing.assert_array_equal(out, _oracle_reference(model, params, eos, lengths))
+    for b, length in enumerate(lengths):
+        assert out[b, length] == eos and not (out[b, :length] == eos).any()
+    if lengths[0] == own:  # the model's own length: the oracle changes nothing in that row
+        np.testing.assert_array_equal(out[0, : own + 1], raw[0, : own + 1])
+    else:  # made to go on past its own EOS
+        assert lengths[0] > own
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        lm, lm_params = _model("decoder_only")
+        decoding.generate(
+            lm,
+            lm_params,
+            max_length=8,
+            eos_id=eos,
+            prompts=TGT[:, :2],
+            lengths=jnp.asarray(lengths),
+        )
+
+
 @functools.cache
 def _jit_apply(model):
     return _jit(model.apply)

@@ -240,6 +240,21 @@ def test_evaluate_writes_scores_and_hypotheses(trained):
     assert (path / "eval" / "test_step2_beam1.json").exists()
 
 
+def test_evaluate_with_oracle_lengths_ends_hypotheses_where_references_end(trained):
+    path = trained("seq2seq_word")
+    record = evaluator.evaluate_workdir(path, beam_size=1, oracle_length=True)
+    assert record["oracle_length"] is True
+    assert record["hypotheses"] == "eval/test_step2_beam1_oracle.hyp.txt"
+    hypotheses = (path / record["hypotheses"]).read_text().splitlines()
+    run = workdir.load(path)
+    references = [run.tokenizer.decode(e["targets"]) for e in run.run.examples.eval]
+    # every hypothesis has its reference's number of tokens (the word tokenizer: words)
+    assert [len(h.split()) for h in hypotheses] == [len(r.split()) for r in references]
+    assert "ORACLE output lengths" in evaluator.report(record)
+    with pytest.raises(workdir.WorkdirError, match="greedy decoding"):
+        evaluator.evaluate_workdir(path, beam_size=2, oracle_length=True)
+
+
 def test_evaluate_beam_search_train_split_and_sentencepiece(trained):
     path = trained("seq2seq_spm")
     record = evaluator.evaluate_workdir(path, split="train", beam_size=2, max_examples=3)

@@ -250,6 +250,19 @@ def make_choose_fn(
     return choose
 
 
+def _with_lengths(
+    choose: Callable[[Array, Array], Array], lengths: Int[Array, " B"], eos_id: int
+) -> Callable[[Array, Array], Array]:
+    """`choose` with EOS forbidden before position lengths[b] and forced at it."""
+
+    def choose_with_lengths(logits, t):
+        early = (t < lengths)[:, None] & (jnp.arange(logits.shape[-1]) == eos_id)  # [B, V]
+        token = choose(jnp.where(early, -jnp.inf, logits), t)
+        return jnp.where(t == lengths, eos_id, token)
+
+    return choose_with_lengths
+
+
 # ---------------------------------------------------------------------------------------------
 # The loop.
 
@@ -379,6 +392,7 @@ def generate(
     top_p: float = 1.0,
     rng: Array | None = None,
     bos_id: int | None = None,
+    lengths: Int[Array, " B"] | None = None,
 ) -> Int[Array, "B L"]:
     """Greedy or sampled generation with the KV cache.
 
@@ -395,6 +409,10 @@ def generate(
       top_k, top_p: sampling filters (`filter_top_k`, `filter_top_p`); 0 and 1.0 = off.
       rng: PRNG key, required when sampling; step t uses `jax.random.fold_in(rng, t)`.
       bos_id: first decoder input; None = `model.config.bos_id` (as in training).
+      lengths: [B] oracle output lengths (encoder-decoder): row b gets EOS exactly at position
+        lengths[b] (< L) and nowhere before, the model choosing every other token. A decoding
+        aid for analyses of length generalisation (Newman et al. 2020, "The EOS Decision and
+        Length Extrapolation"): results decoded with it must say so. None = the model decides.
 
     Returns:
       int32 [B, L] token ids, EOS included, 0 after it.
@@ -403,6 +421,11 @@ def generate(
       ValueError: for a bad option, missing or extra inputs/prompts, or another model kind.
     """
     kind = check_model(model, ("encoder_decoder", "decoder_only"), max_length)
+    choose = make_choose_fn(temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)
+    if lengths is not None:
+        if kind != "encoder_decoder":
+            raise ValueError("lengths (oracle output lengths) is for encoder-decoder models")
+        choose = _with_lengths(choose, lengths, eos_id)
     _check_sampling(temperature, top_k, top_p, rng)
     _check_generate_inputs(kind, inputs, prompts)
     step_fn, cache, logits = _start_generation(
@@ -420,7 +443,7 @@ def generate(
         logits,
         max_length=max_length,
         eos_id=eos_id,
-        choose=make_choose_fn(temperature=temperature, top_k=top_k, top_p=top_p, rng=rng),
+        choose=choose,
         prompts=prompts,
         prompt_lengths=prompt_lengths,
     )

@@ -163,13 +163,21 @@ def _decode_best(
     alpha: float,
     max_length: int,
     eos_id: int,
+    lengths: Int[Array, " B"] | None = None,
 ) -> Int[Array, "B L"]:
     """The best hypothesis per source; jit caches one program per model, options and shape."""
     options = dict(max_length=max_length, eos_id=eos_id, bos_id=model.config.bos_id)
     if beam_size == 1:
         return decoding.generate(
-            model, params, inputs=inputs, inputs_segment_ids=inputs_segment_ids, **options
+            model,
+            params,
+            inputs=inputs,
+            inputs_segment_ids=inputs_segment_ids,
+            lengths=lengths,
+            **options,
         )
+    if lengths is not None:
+        raise ValueError("oracle lengths are for greedy decoding (beam_size 1)")
     tokens, _ = beam_search.beam_search(
         model,
         params,
@@ -194,9 +202,10 @@ def make_decoder(run: Any, *, beam_size: int = 1, alpha: float = 0.6, max_length
         max_length: L, the target positions to produce (EOS included).
 
     Returns:
-        `decode(params, inputs, inputs_segment_ids) -> tokens`: inputs and segment ids [B, S]
-        int32, tokens [B, L] int32 with 0 after the first EOS. Decoders of equal models and
-        options share compiled programs.
+        `decode(params, inputs, inputs_segment_ids, lengths=None) -> tokens`: inputs and
+        segment ids [B, S] int32, tokens [B, L] int32 with 0 after the first EOS; greedy
+        decoders take oracle output lengths [B] (`decoding.generate`). Decoders of equal models
+        and options share compiled programs.
 
     Raises:
         ValueError: for a run that is not seq2seq, beam_size < 1 or max_length < 1.
@@ -232,10 +241,16 @@ def _decode_batches(
     alpha: float,
     max_length: int | None,
     batch_size: int,
+    oracle_length: bool = False,
 ) -> Iterator[tuple[pipeline.Example, np.ndarray]]:
-    """Yields (batch without its padding rows, their decoded tokens [B', L]) in example order."""
+    """Yields (batch without its padding rows, their decoded tokens [B', L]) in example order.
+
+    With `oracle_length` each row ends with EOS where its target does (greedy only).
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if oracle_length and beam_size != 1:
+        raise ValueError(f"oracle lengths are for greedy decoding, got beam_size {beam_size}")
     length = max_length or run.config.data.max_target_len
     decode = make_decoder(run, beam_size=beam_size, alpha=alpha, max_length=length)
     dataset = pipeline.make_dataset(
@@ -249,8 +264,19 @@ def _decode_batches(
     for batch in dataset:
         rows = batch["inputs_segment_ids"].any(axis=1)  # [B]: padding rows are all zeros
         inputs = jnp.asarray(batch["inputs"])
-        tokens = np.asarray(decode(params, inputs, jnp.asarray(batch["inputs_segment_ids"])))
+        lengths = None
+        if oracle_length:  # the target's EOS position: its tokens before the EOS
+            lengths = jnp.asarray(_eos_positions(batch["targets"], run.examples.tokenizer.eos_id))
+        tokens = np.asarray(
+            decode(params, inputs, jnp.asarray(batch["inputs_segment_ids"]), lengths=lengths)
+        )
         yield {key: value[rows] for key, value in batch.items()}, tokens[rows]
+
+
+def _eos_positions(targets: np.ndarray, eos_id: int) -> np.ndarray:
+    """[B] int32: the index of each row's first EOS (rows without one: their length)."""
+    is_eos = np.asarray(targets) == eos_id  # [B, L]
+    return np.where(is_eos.any(axis=1), is_eos.argmax(axis=1), is_eos.shape[1]).astype(np.int32)
 
 
 def decode_dataset(
@@ -262,6 +288,7 @@ def decode_dataset(
     batch_size: int = 64,
     max_examples: int = 0,
     max_length: int | None = None,
+    oracle_length: bool = False,
 ) -> tuple[list[str], list[str], list[str]]:
     """Decodes the eval examples of a seq2seq run and detokenizes them.
 
@@ -272,6 +299,8 @@ def decode_dataset(
         batch_size: sources per decoding call (the last batch is padded).
         max_examples: decode only the first N examples (0 = all).
         max_length: target positions to produce (default: `config.data.max_target_len`).
+        oracle_length: greedy decoding that ends each hypothesis where its reference ends
+            (`decoding.generate`'s `lengths`): an analysis aid, not a result to report alone.
 
     Returns:
         (hypotheses, references, sources), one detokenized string per example; references are
@@ -295,6 +324,7 @@ def decode_dataset(
         alpha=alpha,
         max_length=max_length,
         batch_size=batch_size,
+        oracle_length=oracle_length,
     ):
         hypotheses += [decode(row) for row in tokens]
         references += [decode(row) for row in batch["targets"]]

@@ -161,6 +161,7 @@ def evaluate_workdir(
     batch_size: int = 64,
     average_last: int = 1,
     sample_windows: int = 2400,
+    oracle_length: bool = False,
 ) -> dict[str, Any]:
     """Evaluates the run in `workdir` on a split; writes and returns the record.
 
@@ -168,12 +169,18 @@ def evaluate_workdir(
     penalty `alpha`) and scores the detokenized hypotheses with sacreBLEU BLEU and chrF and exact
     match, beside the teacher-forced metrics of `evaluate`. Other runs: the teacher-forced
     metrics; text-stream LMs also `sampled_nll` over `sample_windows` random windows. The record
-    goes to `workdir/eval.json` and `workdir/eval/<split>_step<N>[_avgK][_beamB].json`.
+    goes to `workdir/eval.json` and `workdir/eval/<split>_step<N>[_avgK][_beamB][_oracle].json`.
+    `oracle_length` (seq2seq, greedy): each hypothesis ends where its reference does
+    (`evaluation.decode_dataset`); the record says `"oracle_length": true`.
 
     Raises:
         WorkdirError: for invalid options, or a workdir without a trained run.
     """
     _check_options(beam_size, alpha, max_examples, batch_size)
+    if oracle_length and beam_size != 1:
+        raise workdir_lib.WorkdirError(
+            f"oracle lengths are for greedy decoding: pass beam_size 1, not {beam_size}"
+        )
     trained = workdir_lib.load(
         workdir, tool="experiments.evaluate", step=step, split=split, average_last=average_last
     )
@@ -186,10 +193,13 @@ def evaluate_workdir(
         record["averaged_checkpoints"] = average_last
         name += f"_avg{average_last}"
     if trained.run.examples.format == "seq2seq":
-        name += f"_beam{beam_size}"
+        name += f"_beam{beam_size}" + ("_oracle" if oracle_length else "")
         scores["teacher_forced_exact_match"] = scores.pop("exact_match")
         record.update(beam_size=beam_size, alpha=alpha)
+        if oracle_length:
+            record["oracle_length"] = True
         options = dict(beam_size=beam_size, alpha=alpha, max_examples=max_examples)
+        options["oracle_length"] = oracle_length
         record.update(_decoded_scores(trained, name, batch_size=batch_size, **options))
     record.update(_sampled_windows(trained, sample_windows))
     record.update(scores)
@@ -300,6 +310,8 @@ def report(record: dict[str, Any]) -> str:
         )
     if "beam_size" in record:
         head += f", beam {record['beam_size']} (alpha {record['alpha']})"
+    if record.get("oracle_length"):
+        head += ", ORACLE output lengths (EOS placed where each reference ends)"
     numbers = {k: v for k, v in record.items() if isinstance(v, float) and k != "alpha"}
     lines = [head, "  ".join(f"{k} {v:.4f}" for k, v in numbers.items())]
     lines += [
