@@ -5,7 +5,9 @@ Only tiny shapes: the benchmark shape itself is never run here.
 """
 
 import importlib
+import json
 import math
+import subprocess
 import sys
 
 import jax
@@ -20,6 +22,7 @@ from experiments.bench import (
     depth,
     flax_peer,
     mfu,
+    rss,
     suite,
     timing,
     torch_peer,
@@ -309,3 +312,20 @@ def test_depth_bench_reports_compile_time_and_memory_per_configuration():
     assert result["shape"]["batch"] == 2 and len(result["load_average"]) == 3
     table = depth.markdown_table(result).splitlines()
     assert len(table) == 2 + len(rows) and table[2].startswith("| 1 | no | full |")
+
+
+def test_rss_alone_refuses_an_unknown_side():
+    with pytest.raises(ValueError, match="side must be one of"):
+        rss.peak_rss_alone("torch", batch=2, tune_malloc=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("side", rss.SIDES)
+@pytest.mark.parametrize("tune", [True, False])
+def test_rss_child_trains_its_side_alone_with_the_parents_allocator(side, tune):
+    command = [sys.executable, "-m", "experiments.bench.rss", side, "2", "1", str(int(tune))]
+    done = subprocess.run([*command, "float32"], capture_output=True, text=True, check=True)
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["side"] == side
+    assert line["host_malloc"].endswith(", tuned" if tune else ", default")
+    assert 100 * 2**20 < line["peak_rss_bytes"] < 16 * 2**30  # bytes, not KiB or pages

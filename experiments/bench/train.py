@@ -6,8 +6,9 @@ matmul ceiling (`mfu`) and against the device's datasheet peak (`mfu_vs_peak`; s
 
 With `peer="flax"`, the same model built from Flax's stock layers (`flax_peer.py`) runs in the
 same process, jitted, with the same dropout; its first call (compilation) is timed on its own
-before the pairs and reported as `peer.compile_seconds`. With `peer="torch"`, PyTorch's
-`torch.nn.Transformer` (`torch_peer.py`) runs in the same process
+before the pairs and reported as `peer.compile_seconds`; on the CPU at the base shape,
+`peak_rss_alone` gives each side's peak RSS in a fresh process of its own (`rss.py`). With
+`peer="torch"`, PyTorch's `torch.nn.Transformer` (`torch_peer.py`) runs in the same process
 on the same shape and batch (on the GPU when JAX computes on one, under `torch.autocast` when
 the dtype is 16-bit), and the line gets a `peer` object. After `warmup` untimed steps of each
 side (tfjax's first includes compilation), `repeats` pairs are timed; each pair times exactly
@@ -26,7 +27,8 @@ import statistics
 
 import jax
 
-from experiments.bench import flax_peer, mfu, timing, torch_peer, workload
+from experiments.bench import flax_peer, mfu, rss, timing, torch_peer, workload
+from tfjax.training import runtime
 
 
 def peer_device(platform: str) -> str:
@@ -146,4 +148,10 @@ def bench_train(
     }
     if peer:
         out["peer"] = _peer_result(peer, peer_first, times, peer_times, tokens, shape, peer_where)
+    if peer == "flax" and shape is workload.SHAPE and device.platform == "cpu":
+        tuned = runtime.malloc_description().endswith(", tuned")
+        out["peak_rss_alone"] = {
+            side: rss.peak_rss_alone(side, batch=batch, tune_malloc=tuned, dtype=dtype)
+            for side in rss.SIDES
+        }
     return out

@@ -1,0 +1,67 @@
+"""Peak host memory (RSS) of one side's training process alone, for `--peer=flax`.
+
+Timed in one process, the two sides share one peak RSS (the train line's `peak_rss_bytes`). To
+compare the memory each would need alone, `peak_rss_alone` starts a fresh Python process per
+side that builds that side's train step at the benchmark shape, runs `steps` steps and reports
+its own peak RSS (ru_maxrss, which includes the interpreter, JAX and the compiled program). The
+child inherits the environment (`JAX_PLATFORMS`, XLA flags) and gets the parent's allocator
+state: glibc malloc is tuned in the child exactly when it is in the parent.
+
+    python -m experiments.bench.rss tfjax 32 3 1 float32   # side, batch, steps, tune (1/0), dtype
+"""
+
+import json
+import subprocess
+import sys
+
+SIDES = ("tfjax", "flax")
+
+
+def peak_rss_alone(
+    side: str, *, batch: int, steps: int = 3, tune_malloc: bool, dtype: str = "float32"
+) -> int:
+    """Peak RSS in bytes of a fresh process training `side` on `batch` rows for `steps` steps.
+
+    Raises:
+        ValueError: for an unknown side.
+        RuntimeError: if the child fails (its stderr's last line is in the message).
+    """
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+    flags = [str(batch), str(steps), str(int(tune_malloc)), dtype]
+    command = [sys.executable, "-m", "experiments.bench.rss", side, *flags]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the {side} memory child failed (exit {done.returncode}): {last}")
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_bytes"])
+
+
+def _child(side: str, batch: int, steps: int, tune_malloc: bool, dtype: str) -> None:
+    from tfjax.training import runtime
+
+    if tune_malloc:
+        runtime.tune_glibc_malloc()
+    import jax
+
+    from experiments.bench import environment, flax_peer, workload
+
+    shape = workload.SHAPE
+    data = workload.random_batch(batch, shape)
+    if side == "tfjax":
+        run, _ = workload.make_train_step(data, dtype, shape)
+    else:
+        run = flax_peer.make_train_step(shape, data, dtype=dtype)
+    for _ in range(steps):
+        jax.block_until_ready(run())
+    rss = environment.peak_rss_bytes()
+    print(
+        json.dumps(
+            {"side": side, "peak_rss_bytes": rss, "host_malloc": runtime.malloc_description()}
+        )
+    )
+
+
+if __name__ == "__main__":
+    _side, _batch, _steps, _tune, _dtype = sys.argv[1:]
+    _child(_side, int(_batch), int(_steps), _tune == "1", _dtype)
