@@ -34,8 +34,11 @@ def _batch(rows: int = 256, width: int = 128, seed: int = 0) -> dict:
     return {"inputs": tokens * segment_ids, "inputs_segment_ids": segment_ids}
 
 
-def _masked(batch, key, **kwargs):
-    out = mlm.mask_batch(jax.tree.map(jnp.asarray, batch), MASKING, key, **kwargs)
+_mask_batch = jax.jit(mlm.mask_batch, static_argnums=1)
+
+
+def _masked(batch, key, first_row=0):
+    out = _mask_batch(jax.tree.map(jnp.asarray, batch), MASKING, key, first_row=first_row)
     return np.asarray(out["inputs"]), np.asarray(out[mlm.WEIGHTS]) > 0
 
 
@@ -78,6 +81,40 @@ def test_masking_does_not_depend_on_how_the_batch_is_split_over_devices():
     ]
     np.testing.assert_array_equal(whole[0], np.concatenate([h[0] for h in halves]))
     np.testing.assert_array_equal(whole[1], np.concatenate([h[1] for h in halves]))
+
+
+def test_the_train_step_masks_by_seed_and_step():
+    import optax
+
+    from tfjax import models
+
+    config = models.ModelConfig(
+        kind="encoder_only",
+        encoder_head="mlm",
+        vocab_size=V,
+        embed_dim=8,
+        num_layers=1,
+        num_heads=2,
+        mlp_dim=16,
+        max_len=32,
+        dropout_rate=0.0,
+    )
+    model, optimizer = models.create_model(config), optax.sgd(0.0)  # no update: same params
+    batch = jax.tree.map(jnp.asarray, _batch(rows=4, width=32))
+    state = steps.create_train_state(model, optimizer, jax.random.key(0), batch, "encoder_only")
+    schedule = optax.constant_schedule(0.0)
+    train_step = steps.make_train_step(
+        model, optimizer, schedule, kind="encoder_only", label_smoothing=0.0, masking=MASKING
+    )
+    step = jax.jit(train_step)
+
+    def loss(state, seed):
+        return float(step(state, batch, jax.random.key(seed))[1]["loss_sum"])
+
+    first = loss(state, 1)
+    assert loss(state, 1) == first  # same seed and step: same masks
+    assert loss(state.replace(step=jnp.ones((), jnp.int32)), 1) != first  # the next step
+    assert loss(state, 2) != first  # another seed
 
 
 def test_evaluation_masks_an_example_the_same_in_any_batch():
@@ -150,14 +187,26 @@ def _mlm_config(tmp_path, *overrides):
     )
 
 
-@pytest.mark.parametrize("kind", ["word", "char"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "word",
+        pytest.param("char", marks=pytest.mark.slow),  # each run about 20 s on a busy CPU
+        pytest.param("sentencepiece", marks=pytest.mark.slow),
+    ],
+)
 def test_a_from_scratch_mlm_run_trains_with_tfjaxs_tokenizers(kind, tmp_path):
-    config = _mlm_config(tmp_path, f"data.tokenizer={kind}", "data.max_source_len=48")
+    lengths = ["data.max_source_len=48", "data.vocab_size=40"]
+    config = _mlm_config(tmp_path, f"data.tokenizer={kind}", *lengths)
     result = trainer.train_and_evaluate(config, tmp_path / "run")
     assert np.isfinite(result["loss"]) and 0 <= result["accuracy"] <= 1
     assert np.isfinite(result["perplexity"])
-    saved = json.loads((tmp_path / "run" / "tokenizer.json").read_text())
-    assert saved["words"][4] == tokenizers.MASK_TOKEN
+    if kind == "sentencepiece":
+        saved = tokenizers.SentencePieceTokenizer.load(tmp_path / "run" / "tokenizer.model")
+        assert saved.mask_id == 4
+    else:
+        saved = json.loads((tmp_path / "run" / "tokenizer.json").read_text())
+        assert saved["words"][4] == tokenizers.MASK_TOKEN
     train = logger.read_metrics(tmp_path / "run", "train")
     assert len(train) == 3 and all(np.isfinite(r["loss"]) for r in train)
 
