@@ -54,6 +54,9 @@ def base_config(
         "global_batch_size": 64,
         "eval_batch_size": 256,
         "label_smoothing": 0.1,
+        # model.encoder_head="mlm": the fraction of each row's real tokens the masked-LM
+        # objective selects; 80% become the mask token, 10% a random token, 10% stay (BERT).
+        "mlm_rate": 0.15,
         "log_every_steps": 100,
         "eval_every_steps": 1000,
         "max_eval_examples": 0,  # examples per periodic eval (0 = all); the final eval uses all

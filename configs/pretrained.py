@@ -13,9 +13,19 @@ Expected wall times are those of the model: GPT-2 small (124M) runs about 1 step
 x 256 tokens on a 2-core CPU (not measured here: no real checkpoint can be downloaded on this
 machine; only tiny random checkpoints were run, in the tests).
 
-Presets: `decoder_only` (default), `encoder_decoder`, `encoder_only`: embedded tasks;
+BERT's masked-LM head (`--head=mlm`, also BertForPreTraining checkpoints) fine-tunes on plain
+text lines with BERT's masking (`tfjax.training.mlm`, `train.mlm_rate`):
+  python -m experiments.convert --hf_dir=checkpoints/bert-base-uncased --workdir=runs/bert \
+      --head=mlm --config=configs/pretrained.py:bert_mlm_shakespeare
+  python -m experiments.train --config=runs/bert/config.json --workdir=runs/bert
+(or `bert_mlm_files` with `--config.data.train_path=corpus.txt`). Not measured on a real
+BERT here either; the tests fine-tune tiny random ones.
+
+Presets: `decoder_only` (default), `encoder_decoder`, `encoder_only`, `encoder_only_mlm`:
+embedded tasks (the last: masked-LM on the sentences of the `reverse` task);
 `gpt2_shakespeare` (Tiny Shakespeare, 256-token windows), `marian_multi30k` (Multi30k en->de),
-`tiny` (tests: a few steps).
+`bert_mlm_shakespeare` (Tiny Shakespeare lines), `bert_mlm_files` (your text file, one example
+per line), `tiny` (tests: a few steps).
 """
 
 from configs import common
@@ -45,6 +55,27 @@ PRESETS = {
         "model.kind": "encoder_only",
         "data.name": "majority",
         "data.max_source_len": 32,
+    },
+    "encoder_only_mlm": {
+        "model.kind": "encoder_only",
+        "model.encoder_head": "mlm",
+        "data.name": "reverse",
+    },
+    "bert_mlm_shakespeare": {
+        "model.kind": "encoder_only",
+        "model.encoder_head": "mlm",
+        "data.name": "tinyshakespeare",
+        "data.eval_split": "val",
+        "data.max_source_len": 64,
+        "train.global_batch_size": 32,
+    },
+    "bert_mlm_files": {
+        "model.kind": "encoder_only",
+        "model.encoder_head": "mlm",
+        "data.name": "files",
+        "data.train_path": "corpus.txt",
+        "data.max_source_len": 128,
+        "train.global_batch_size": 32,
     },
     "gpt2_shakespeare": {
         "model.kind": "decoder_only",

@@ -11,8 +11,8 @@ tfjax workdir with a checkpoint at step 0: `experiments.generate`, `translate` a
 read it, and `python -m experiments.train --config=WORKDIR/config.json --workdir=WORKDIR`
 fine-tunes it (or `--config.train.init_from=WORKDIR` starts a new run from it). `--config`
 gives the run's data, optimizer and loop (default `configs/pretrained.py:<model kind>`, an
-embedded task), `--config.a.b=value` overrides it, and `--head` picks BERT's head
-("mlm" or "classify"; default: the one config.json names).
+embedded task; `encoder_only_mlm` for BERT's masked-LM head), `--config.a.b=value` overrides
+it, and `--head` picks BERT's head ("mlm" or "classify"; default: the one config.json names).
 
 Export (`--to_hf`): writes the latest checkpoint (or `--step`) of a converted or fine-tuned
 workdir as a directory `transformers` loads (`from_pretrained(hf_dir)`), with the tokenizer.
@@ -42,8 +42,9 @@ def main(argv, overrides):
     from tfjax import pretrained
 
     hf_config = pretrained.read_hf_config(FLAGS.hf_dir)
-    kind = pretrained.model_config(hf_config, head=FLAGS.head).kind  # refuses bad input early
-    spec = FLAGS.config or f"configs/pretrained.py:{kind}"
+    model_config = pretrained.model_config(hf_config, head=FLAGS.head)  # refuses bad input early
+    preset = model_config.kind + ("_mlm" if pretrained.head_of(model_config) == "mlm" else "")
+    spec = FLAGS.config or f"configs/pretrained.py:{preset}"
     config = config_utils.load_config(spec, overrides)
     config = runs_pretrained.convert(FLAGS.hf_dir, FLAGS.workdir, config, head=FLAGS.head)
     print(

@@ -81,7 +81,8 @@ def bert_tokenizer(directory: pathlib.Path) -> transformers.PreTrainedTokenizerB
 def bert(
     directory: pathlib.Path, head: str = "mlm", **overrides
 ) -> transformers.BertPreTrainedModel:
-    """A 2-layer BERT (D 16, 4 heads) with an MLM or a 3-class classification head."""
+    """A 2-layer BERT (D 16, 4 heads) with an MLM ("mlm"), a 3-class classification
+    ("classify") or the pre-training ("pretraining": MLM + next sentence) head."""
     tokenizer = bert_tokenizer(directory)
     config = transformers.BertConfig(
         vocab_size=len(tokenizer),
@@ -95,11 +96,11 @@ def bert(
         **overrides,
     )
     torch.manual_seed(0)
-    cls = (
-        transformers.BertForMaskedLM
-        if head == "mlm"
-        else transformers.BertForSequenceClassification
-    )
+    cls = {
+        "mlm": transformers.BertForMaskedLM,
+        "classify": transformers.BertForSequenceClassification,
+        "pretraining": transformers.BertForPreTraining,
+    }[head]
     model = perturb(cls(config))
     model.save_pretrained(str(directory))
     return model

@@ -343,7 +343,10 @@ def test_bert_without_its_embedding_norm_breaks_parity(bert_dir, monkeypatch):
 @pytest.mark.parametrize(
     "edit, expected",
     [
-        (dict(architectures=["BertForPreTraining"]), "names architectures ['BertForPreTraining']"),
+        (
+            dict(architectures=["BertForNextSentencePrediction"]),
+            "names architectures ['BertForNextSentencePrediction']",
+        ),
         (dict(hidden_act="gelu_new"), "hidden_act='gelu_new', an activation"),
         (dict(position_embedding_type="relative_key"), "position_embedding_type='relative_key'"),
     ],
@@ -351,3 +354,119 @@ def test_bert_without_its_embedding_norm_breaks_parity(bert_dir, monkeypatch):
 def test_bert_unsupported_configs_are_named(bert_dir, tmp_path, edit, expected):
     directory, _, _ = bert_dir
     assert expected in _load_error(_copy(directory, tmp_path, config=lambda c: {**c, **edit}))
+
+
+# ---------------------------------------------------------------------------------------------
+# BertForPreTraining (what bert-base-uncased is): loaded as the masked-LM model.
+
+
+@pytest.fixture(scope="module")
+def pretraining_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("bert_pretraining")
+    return directory, hf_checkpoints.bert(directory, "pretraining")
+
+
+def test_bert_for_pretraining_loads_as_mlm_and_matches_its_prediction_logits(
+    pretraining_dir, caplog
+):
+    directory, hf_model = pretraining_dir
+    with caplog.at_level("WARNING", logger="tfjax.pretrained.checkpoint"):
+        config, params = pretrained.load_params(directory)
+    assert config.encoder_head == "mlm"
+    (warning,) = [r.getMessage() for r in caplog.records if r.name.startswith("tfjax")]
+    assert "cls.seq_relationship.weight, cls.seq_relationship.bias: the next-sentence" in warning
+    assert "pooler.dense.weight" in warning and "\n" not in warning
+    inputs, segment_ids = _padded_batch(config.vocab_size)
+    ours = _encoder_logits(config, params, inputs, segment_ids)
+    with torch.no_grad():
+        theirs = hf_model(
+            torch.tensor(inputs).long(), attention_mask=torch.tensor(segment_ids).long()
+        ).prediction_logits.numpy()
+    np.testing.assert_allclose(ours[segment_ids > 0], theirs[segment_ids > 0], **TOL)
+
+
+def test_bert_for_pretraining_still_refuses_unknown_tensors(pretraining_dir, tmp_path):
+    directory, _ = pretraining_dir
+    extra = lambda w: {**w, "cls.seq_relationship.extra": np.ones(2, np.float32)}  # noqa: E731
+    message = _load_error(_copy(directory, tmp_path, tensors=extra))
+    assert "tensor cls.seq_relationship.extra (of 1 unused) has no place" in message
+
+
+def test_bert_for_pretraining_exports_as_bert_for_masked_lm(pretraining_dir, tmp_path, caplog):
+    directory, hf_model = pretraining_dir
+    config, params = pretrained.load_params(directory)
+    with caplog.at_level("WARNING", logger="tfjax.pretrained.bert"):
+        pretrained.save(tmp_path, config, params, hf_config=pretrained.read_hf_config(directory))
+    assert "exporting as BertForMaskedLM" in caplog.text
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
+        "BertForMaskedLM"
+    ]
+    reloaded = transformers.BertForMaskedLM.from_pretrained(str(tmp_path)).eval()
+    inputs, segment_ids = _padded_batch(config.vocab_size)
+    with torch.no_grad():
+        theirs = hf_model(
+            torch.tensor(inputs).long(), attention_mask=torch.tensor(segment_ids).long()
+        ).prediction_logits.numpy()
+    np.testing.assert_allclose(
+        _hf_encoder_logits(reloaded, inputs, segment_ids)[segment_ids > 0],
+        theirs[segment_ids > 0],
+        **TOL,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Fine-tuning an imported BERT: masked LM on a text file, classification on a TSV file.
+
+
+def _convert_and_tune(hf_dir, tmp_path, head, preset, overrides):
+    from experiments import config_utils
+    from tfjax.runs import pretrained as runs_pretrained
+    from tfjax.runs import trainer
+    from tfjax.training import logger
+
+    config = config_utils.load_config(f"configs/pretrained.py:{preset}", FINE_TUNE + overrides)
+    runs_pretrained.convert(hf_dir, tmp_path / "converted", config, head=head)
+    spec = str(tmp_path / "converted" / "config.json")
+    tuned = config_utils.load_config(spec, [f"train.init_from={tmp_path / 'converted'}"])
+    result = trainer.train_and_evaluate(tuned, tmp_path / "tuned")
+    return result, [r["loss"] for r in logger.read_metrics(tmp_path / "tuned", "train")]
+
+
+FINE_TUNE = [
+    "train.num_train_steps=12",
+    "train.log_every_steps=3",
+    "train.eval_every_steps=0",
+    "train.checkpoint_every_steps=12",
+    "optim.warmup_steps=0",
+    "optim.learning_rate=3e-3",
+]
+
+
+@pytest.mark.slow  # about 25-45 s on a busy 2-core CPU
+@pytest.mark.parametrize("bert_dir", ["mlm"], indirect=True)
+def test_an_imported_bert_mlm_fine_tunes_on_a_text_file(bert_dir, tmp_path):
+    directory, _, _ = bert_dir
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(t.lower() for t in hf_checkpoints.TEXTS[:4] * 16) + "\n")
+    overrides = ["data.name=files", f"data.train_path={corpus}", "data.max_source_len=16"]
+    result, losses = _convert_and_tune(directory, tmp_path, "mlm", "encoder_only_mlm", overrides)
+    assert np.isfinite(result["loss"]) and 0 <= result["accuracy"] <= 1
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+
+
+@pytest.mark.slow  # about 25-45 s on a busy 2-core CPU
+@pytest.mark.parametrize("bert_dir", ["classify"], indirect=True)
+def test_an_imported_bert_classifier_fine_tunes_on_a_tsv_file(bert_dir, tmp_path):
+    directory, _, _ = bert_dir
+    rows = [(t.lower(), i % 3) for i, t in enumerate(hf_checkpoints.TEXTS[:4])] * 8
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.tsv").write_text("".join(f"{t}\t{y}\n" for t, y in rows))
+    overrides = [
+        "data.name=files",
+        f"data.train_path={tmp_path / 'train.tsv'}",
+        f"data.eval_path={tmp_path / 'test.tsv'}",
+        "data.max_source_len=16",
+    ]
+    result, losses = _convert_and_tune(directory, tmp_path, None, "encoder_only", overrides)
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+    assert 0 <= result["accuracy"] <= 1

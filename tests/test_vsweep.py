@@ -273,6 +273,9 @@ def test_bad_sweeps_are_one_line_errors(tmp_path):
         vsweep.train_trials(_trials(tmp_path, {"a": ["sweep.halving_steps=0"]}), tmp_path / "g")
     with pytest.raises(errors.ConfigError, match="unique"):
         vsweep.train_trials([*_trials(tmp_path, {"a": []})] * 2, tmp_path / "g")
+    with pytest.raises(errors.ConfigError, match="does not run the masked-LM objective"):
+        mlm = {"a": ["model.kind=encoder_only", "model.encoder_head=mlm"]}
+        vsweep.train_trials(_trials(tmp_path, mlm), tmp_path / "g")
     (tmp_path / "a").mkdir(exist_ok=True)
     (tmp_path / "a" / "config.json").write_text(json.dumps(build.config_dict(_config())))
     with pytest.raises(errors.CheckpointError, match="run the vectorised sweep first"):

@@ -8,7 +8,10 @@ trains on (DESIGN.md, "How data flows"):
   * decoder_only: "source | target" sequences for pair data, or windows over a text stream
     (`targets_weights` leaves the first token of each window out of the loss, so every other
     token is predicted with 1 to L-1 tokens of context: nanoGPT's setting for L = block + 1);
-  * encoder_only: (text, label) classification examples.
+  * encoder_only: (text, label) classification examples; with the masked-LM head
+    (`encoder_head="mlm"`, format "mlm") plain text lines, each "[CLS] line [SEP]" as `inputs`
+    (text streams split at newlines, pair data gives each side as a line), which the train step
+    masks (`tfjax.training.mlm`); tfjax's tokenizers are then built with a mask token.
 
 Sources (`data.name`) come from `tfjax.data.registry`: the embedded generators, the checksummed
 corpora, "files" and "hub" are registered in `tfjax.data.catalog`, which describes each; nothing
@@ -35,6 +38,7 @@ SENTENCEPIECE_FILE = "tokenizer.model"
 DIRECTORY = pretrained_tokenizer.DIRECTORY  # a pretrained checkpoint's tokenizer files
 # The example format each model kind trains on (`registry.FORMATS`).
 MODEL_FORMATS = {"encoder_decoder": "seq2seq", "decoder_only": "lm", "encoder_only": "classify"}
+MLM = "mlm"  # the format of encoder_only models with the masked-LM head; read as "lm" text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,9 +163,24 @@ class Examples:
     eval_stream: np.ndarray | None = None
 
 
-def _format(source: registry.Source, model_kind: str) -> str:
+def example_format(model_kind: str, encoder_head: str = "classify") -> str:
+    """The example format a model trains on: `MODEL_FORMATS`, or "mlm" for the MLM head."""
+    return (
+        MLM if model_kind == "encoder_only" and encoder_head == MLM else MODEL_FORMATS[model_kind]
+    )
+
+
+def _format(source: registry.Source, model_kind: str, encoder_head: str) -> str:
     """The example format `model_kind` trains on, if `source` provides it."""
-    fmt = MODEL_FORMATS[model_kind]
+    fmt = example_format(model_kind, encoder_head)
+    if fmt == MLM and "lm" not in source.formats:
+        raise errors.ConfigError(
+            f"data.name={source.name!r} cannot train a masked-LM model: it provides "
+            f"{'/'.join(source.formats)} examples, not text (use a text file, tinyshakespeare "
+            "or a generated sequence task)"
+        )
+    if fmt == MLM:
+        return fmt
     if fmt not in source.formats:
         kinds = [kind for kind, wanted in MODEL_FORMATS.items() if wanted in source.formats]
         raise errors.ConfigError(
@@ -175,9 +194,10 @@ def _format(source: registry.Source, model_kind: str) -> str:
 def _read(source: registry.Source, cfg: DataConfig, fmt: str, seed: int):
     """The raw train and eval splits of `source`, each checked to be non-empty."""
     splits = ("train", cfg.eval_split)
-    raws = [source.read(registry.Request(cfg, split, seed, fmt)) for split in splits]
+    read_format = "lm" if fmt == MLM else fmt  # masked-LM text is what language models read
+    raws = [source.read(registry.Request(cfg, split, seed, read_format)) for split in splits]
     for split, raw in zip(splits, raws, strict=True):
-        if isinstance(raw, str) and fmt != "lm":
+        if isinstance(raw, str) and fmt not in ("lm", MLM):
             raise ValueError(
                 f"data {cfg.name!r}: split {split!r} is a text stream, which only trains "
                 "decoder_only models; declare the source's formats as registry.TEXT"
@@ -187,9 +207,17 @@ def _read(source: registry.Source, cfg: DataConfig, fmt: str, seed: int):
     return raws
 
 
+def _mlm_lines(raw) -> list[str]:
+    """Masked-LM texts: the non-empty lines of a stream, or each side of every pair."""
+    lines = raw.split("\n") if isinstance(raw, str) else [text for pair in raw for text in pair]
+    return [line for line in lines if line.strip()]
+
+
 def _tokenizer_texts(raw, fmt: str) -> list[str]:
     if isinstance(raw, str):
         return raw.split("\n")
+    if fmt == MLM:
+        return _mlm_lines(raw)
     if fmt == "classify":
         return [text for text, _ in raw]
     texts = [text for pair in raw for text in pair]  # joint vocabulary: sources and targets
@@ -198,8 +226,11 @@ def _tokenizer_texts(raw, fmt: str) -> list[str]:
     return texts
 
 
-def _tokenizer(cfg: DataConfig, texts: list[str], workdir, save: bool) -> tokenizers.Tokenizer:
-    """The workdir's saved tokenizer, or a new one built from `texts` (and saved if `save`)."""
+def _tokenizer(
+    cfg: DataConfig, texts: list[str], workdir, save: bool, mask: bool = False
+) -> tokenizers.Tokenizer:
+    """The workdir's saved tokenizer, or a new one built from `texts` (and saved if `save`);
+    `mask`: a new one gets a mask token (masked-LM runs)."""
     if cfg.tokenizer == "pretrained":
         directory = None if workdir is None else pathlib.Path(workdir) / DIRECTORY
         if directory is None or not directory.is_dir():
@@ -220,11 +251,13 @@ def _tokenizer(cfg: DataConfig, texts: list[str], workdir, save: bool) -> tokeni
     if path is not None and path.exists():
         return kind.load(path)
     if spm:
-        tokenizer = kind.build(texts, vocab_size=cfg.vocab_size, model_type=cfg.spm_model_type)
+        tokenizer = kind.build(
+            texts, vocab_size=cfg.vocab_size, model_type=cfg.spm_model_type, mask=mask
+        )
     elif cfg.tokenizer == "char":
-        tokenizer = kind.build(["\n".join(texts)])
+        tokenizer = kind.build(["\n".join(texts)], mask=mask)
     else:
-        tokenizer = kind.build(texts)
+        tokenizer = kind.build(texts, mask=mask)
     if path is not None and save:
         path.parent.mkdir(parents=True, exist_ok=True)
         tokenizer.save(path)
@@ -262,6 +295,8 @@ def text_windows(ids: np.ndarray, length: int, stride: int, *, full: bool) -> li
 
 
 def _encode(raw, fmt: str, tokenizer, cfg: DataConfig, *, train: bool, kept=None) -> list:
+    if fmt == MLM:
+        return pipeline.encode_mlm(_mlm_lines(raw), tokenizer, max_len=cfg.max_source_len)
     if isinstance(raw, str):  # a text stream for a language model
         ids = _stream_ids(raw, tokenizer)
         stride = (cfg.lm_stride or cfg.max_target_len - 1) if train else cfg.max_target_len - 1
@@ -283,7 +318,7 @@ def _encode(raw, fmt: str, tokenizer, cfg: DataConfig, *, train: bool, kept=None
 def _train_examples(raw, fmt: str, tokenizer, cfg: DataConfig, seed: int) -> list:
     """The encoded training split, packed if `data.pack` (pair data only)."""
     train = _encode(raw, fmt, tokenizer, cfg, train=True)
-    if cfg.pack and fmt != "classify" and not isinstance(raw, str):
+    if cfg.pack and fmt not in ("classify", MLM) and not isinstance(raw, str):
         unpacked = len(train)
         train = packing.pack(train, cfg.packed_lengths, seed=seed)
         logger.info("packed %d training examples into %d rows", unpacked, len(train))
@@ -297,8 +332,10 @@ def load(
     seed: int,
     workdir: str | os.PathLike | None = None,
     save_tokenizer: bool = True,
+    encoder_head: str = "classify",
 ) -> Examples:
-    """Tokenized train and eval examples for `model_kind`; the tokenizer lives in `workdir`.
+    """Tokenized train and eval examples for `model_kind` (and `encoder_head`: "mlm" reads
+    text, see the module docstring); the tokenizer lives in `workdir`.
 
     `save_tokenizer=False` reads the workdir's tokenizer if it is there but never writes one
     (the other processes of a multi-process run: process 0 writes it).
@@ -308,9 +345,10 @@ def load(
         fits the length limits (and the errors of the source's reader for bad files).
     """
     source = registry.get(cfg.name)
-    fmt = _format(source, model_kind)
+    fmt = _format(source, model_kind, encoder_head)
     raw_train, raw_eval = _read(source, cfg, fmt, seed)
-    tokenizer = _tokenizer(cfg, _tokenizer_texts(raw_train, fmt), workdir, save_tokenizer)
+    texts = _tokenizer_texts(raw_train, fmt)
+    tokenizer = _tokenizer(cfg, texts, workdir, save_tokenizer, mask=fmt == MLM)
     train = _train_examples(raw_train, fmt, tokenizer, cfg, seed)
     kept: list[int] = []
     evaluation = _encode(raw_eval, fmt, tokenizer, cfg, train=False, kept=kept)
@@ -321,7 +359,7 @@ def load(
             "raise those limits"
         )
     references = [raw_eval[i][1] for i in kept] if fmt == "seq2seq" else None
-    stream = _stream_ids(raw_eval, tokenizer) if isinstance(raw_eval, str) else None
+    stream = _stream_ids(raw_eval, tokenizer) if isinstance(raw_eval, str) and fmt == "lm" else None
     logger.info(
         "data %s: %d train, %d %s examples, vocabulary %d",
         cfg.name,
@@ -333,7 +371,9 @@ def load(
     return Examples(train, evaluation, tokenizer, fmt, references, stream)
 
 
-def train_row_shapes(cfg: DataConfig, model_kind: str) -> dict[str, tuple[int, ...]]:
+def train_row_shapes(
+    cfg: DataConfig, model_kind: str, encoder_head: str = "classify"
+) -> dict[str, tuple[int, ...]]:
     """The shape of each field of one training row `load` would give, without reading data.
 
     What ahead-of-time planning needs (`tfjax.runs.plan`): every field is int32; a batch
@@ -345,7 +385,9 @@ def train_row_shapes(cfg: DataConfig, model_kind: str) -> dict[str, tuple[int, .
       tfjax.errors.ConfigError: if the source cannot train `model_kind`.
     """
     source = registry.get(cfg.name)
-    fmt = _format(source, model_kind)
+    fmt = _format(source, model_kind, encoder_head)
+    if fmt == MLM:
+        return {"inputs": (cfg.max_source_len,), "inputs_segment_ids": (cfg.max_source_len,)}
     if fmt == "classify":
         length = cfg.max_source_len
         return {"inputs": (length,), "inputs_segment_ids": (length,), "labels": ()}

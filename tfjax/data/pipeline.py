@@ -8,6 +8,8 @@ ids (0 = padding, 1 = a real token of an unpacked row), never from token values:
   * lm: `targets` [B, L], `targets_segment_ids` [B, L]; targets = text + EOS.
   * classify: `inputs` [B, S], `inputs_segment_ids` [B, S], `labels` [B]; inputs = BOS + text,
     BOS acting as [CLS]. Padding rows carry label -1 (`LABEL_PADDING`).
+  * mlm: `inputs` [B, S], `inputs_segment_ids` [B, S]; inputs = BOS + text + EOS ([CLS] text
+    [SEP]), masked in the train step.
 
 `make_dataset` builds a grain `MapDataset` (grain's random-access API: a deterministic global
 shuffle, reseeded each epoch, and per-host sharding by index); `BatchIterator` wraps its iterator
@@ -149,6 +151,31 @@ def encode_classify(
             )
     _log_dropped("classify", len(examples) - len(encoded), len(examples), "raise max_len")
     return encoded
+
+
+def encode_mlm(
+    texts: Sequence[str], tokenizer: tokenizers.Tokenizer, *, max_len: int
+) -> list[Example]:
+    """Tokenizes text lines into padded masked-LM examples ("[CLS] text [SEP]", BOS and EOS).
+
+    Args:
+        texts: one line each.
+        tokenizer: maps words to ids.
+        max_len: S, the padded length of `inputs` (BOS and EOS included).
+
+    Returns:
+        One dict per kept line: `inputs`, `inputs_segment_ids` [S] int32 (no labels: the train
+        step masks the inputs, `tfjax.training.mlm`). Lines that do not fit are dropped and
+        counted in a warning on `logger`.
+    """
+    examples = []
+    for text in texts:
+        ids = tokenizer.encode(text, add_bos=True, add_eos=True)
+        if len(ids) <= max_len:
+            inputs, inputs_segment_ids = pad_ids(ids, max_len)
+            examples.append({"inputs": inputs, "inputs_segment_ids": inputs_segment_ids})
+    _log_dropped("mlm", len(texts) - len(examples), len(texts), "raise max_source_len")
+    return examples
 
 
 def _stack(examples: Sequence[Mapping[str, np.ndarray]]) -> Example:

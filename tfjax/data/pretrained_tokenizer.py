@@ -47,6 +47,8 @@ class PretrainedTokenizer:
         pad_id, bos_id, eos_id, unk_id: the checkpoint's special ids (None where it has none:
             GPT-2 has no padding id, T5 and Marian no BOS). BERT's [CLS] is `bos_id` and its
             [SEP] `eos_id`.
+        mask_id: the mask token of masked-LM checkpoints (BERT's [MASK]), else None.
+        special_ids: every special id of the tokenizer ([CLS], [SEP], [PAD], [UNK], [MASK], ...).
     """
 
     def __init__(self, tokenizer):
@@ -61,6 +63,8 @@ class PretrainedTokenizer:
         self.bos_id = first(tokenizer.bos_token_id, tokenizer.cls_token_id)
         self.pad_id = tokenizer.pad_token_id
         self.unk_id = tokenizer.unk_token_id
+        self.mask_id = getattr(tokenizer, "mask_token_id", None)
+        self.special_ids = tuple(sorted(set(tokenizer.all_special_ids)))
         if self.eos_id is None:
             raise errors.DataError(
                 f"the tokenizer {type(tokenizer).__name__} has no end-of-sequence token (eos or "

@@ -11,6 +11,10 @@ also the [CLS] token of classification inputs, as in BERT, Devlin et al. 2019, S
 alphabetically, so the same texts always give the same vocabulary; those vocabularies are saved
 as JSON next to the run, a SentencePiece model as its binary `.model` file (DESIGN.md,
 "Tokenizers"), so that resumed and evaluated runs reuse them.
+
+A masked-LM run (`model.encoder_head="mlm"`) needs a mask token: `build(..., mask=True)` adds
+`MASK_TOKEN` (id 4, right after the specials; SentencePiece: a control symbol, never produced by
+`encode`). Without `mask` the vocabularies are exactly what they were; `mask_id` is None then.
 """
 
 import collections
@@ -30,6 +34,7 @@ BOS_ID = 1
 EOS_ID = 2
 UNK_ID = 3
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # Indexed by the ids above.
+MASK_TOKEN = "<mask>"  # masked-LM vocabularies only, at id len(SPECIAL_TOKENS)
 SENTENCEPIECE_SAMPLE = 2_000_000  # sentences SentencePiece trains on at most
 
 
@@ -88,17 +93,28 @@ class WordTokenizer:
         self._ids = {word: i for i, word in enumerate(self._words)}
         if len(self._ids) != len(self._words):
             raise ValueError("The vocabulary repeats a word: every word needs exactly one id.")
+        masked = self._words[len(SPECIAL_TOKENS) : len(SPECIAL_TOKENS) + 1] == (MASK_TOKEN,)
+        self.mask_id = len(SPECIAL_TOKENS) if masked else None
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        """Ids that are no text: PAD, BOS, EOS, UNK (and the mask)."""
+        return (PAD_ID, BOS_ID, EOS_ID, UNK_ID) + ((self.mask_id,) if self.mask_id else ())
 
     @classmethod
-    def build(cls, texts: Iterable[str], *, min_count: int = 1) -> "WordTokenizer":
+    def build(
+        cls, texts: Iterable[str], *, min_count: int = 1, mask: bool = False
+    ) -> "WordTokenizer":
         """Builds the vocabulary of `texts`.
 
         Args:
             texts: training texts; words are separated by whitespace.
             min_count: words seen fewer times are left out (and later encode to `UNK_ID`).
+            mask: add `MASK_TOKEN` at id 4 (masked-LM runs).
 
         Returns:
-            A tokenizer whose ids 4, 5, ... are the words by descending count, then alphabetically.
+            A tokenizer whose ids 4, 5, ... (5, 6, ... with `mask`) are the words by descending
+            count, then alphabetically.
 
         Raises:
             ValueError: if `min_count` < 1.
@@ -106,9 +122,10 @@ class WordTokenizer:
         if min_count < 1:
             raise ValueError(f"min_count must be >= 1, got {min_count}.")
         counts = collections.Counter(word for text in texts for word in cls._split(text))
-        kept = [w for w, c in counts.items() if c >= min_count and w not in SPECIAL_TOKENS]
+        specials = (*SPECIAL_TOKENS, MASK_TOKEN) if mask else SPECIAL_TOKENS
+        kept = [w for w, c in counts.items() if c >= min_count and w not in specials]
         kept.sort(key=lambda word: (-counts[word], word))
-        return cls([*SPECIAL_TOKENS, *kept])
+        return cls([*specials, *kept])
 
     @property
     def vocab_size(self) -> int:
@@ -254,15 +271,22 @@ class SentencePieceTokenizer:
         self._proto = bytes(model_proto)
         self._sp = sentencepiece.SentencePieceProcessor(model_proto=self._proto)
         specials = (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id(), self._sp.unk_id())
+        mask_id = self._sp.piece_to_id(MASK_TOKEN)
+        self.mask_id = mask_id if self._sp.is_control(mask_id) else None
         if specials != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
             raise errors.DataError(
                 f"SentencePiece model has special ids (pad, bos, eos, unk) = {specials}, expected "
                 f"{(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}: train it with SentencePieceTokenizer.build."
             )
 
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        """Ids that are no text: PAD, BOS, EOS, UNK (and the mask)."""
+        return (PAD_ID, BOS_ID, EOS_ID, UNK_ID) + ((self.mask_id,) if self.mask_id else ())
+
     @classmethod
     def build(
-        cls, texts: Iterable[str], *, vocab_size: int, model_type: str = "bpe"
+        cls, texts: Iterable[str], *, vocab_size: int, model_type: str = "bpe", mask: bool = False
     ) -> "SentencePieceTokenizer":
         """Trains a model on `texts` (one sentence or line each).
 
@@ -271,6 +295,7 @@ class SentencePieceTokenizer:
             vocab_size: the wanted vocabulary size, specials included; a small corpus may give
                 fewer pieces (the limit is soft).
             model_type: "bpe" or "unigram".
+            mask: add `MASK_TOKEN` as a control symbol (id 4; masked-LM runs).
 
         Raises:
             ValueError: for an unknown model type, a vocabulary size below 8 or no text.
@@ -300,6 +325,7 @@ class SentencePieceTokenizer:
                 bos_id=BOS_ID,
                 eos_id=EOS_ID,
                 unk_id=UNK_ID,
+                **({"control_symbols": [MASK_TOKEN]} if mask else {}),
                 max_sentence_length=1 << 16,
                 input_sentence_size=SENTENCEPIECE_SAMPLE,  # large corpora: a random sample
                 shuffle_input_sentence=True,

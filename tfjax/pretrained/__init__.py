@@ -9,7 +9,7 @@ A checkpoint directory is what `save_pretrained` (or `huggingface-cli download -
 writes: `config.json`, the weights (`model.safetensors`, shards, or `pytorch_model.bin`) and the
 tokenizer's files. Nothing is downloaded. Each family has one module with its `ModelConfig`
 mapping and its explicit weight table (`checkpoint.Entry` rows): `gpt2` (decoder-only), `bert`
-(encoder-only, masked-LM or classification head). The
+(encoder-only, masked-LM or classification head; BertForPreTraining loads as masked-LM). The
 conversion checks every tensor: a checkpoint of another architecture, a missing, unknown or
 misshapen tensor, or a config option the model cannot compute is a one-line
 `tfjax.errors.ConversionError` naming it. `transformers` is needed for the tokenizer and
@@ -97,6 +97,7 @@ def load_params(
     tensors = _names(checkpoint.read_tensors(directory), fam)
     where = str(directory)
     checkpoint.drop_tied_and_buffers(tensors, fam.TIED, fam.BUFFERS, where)
+    checkpoint.drop_unused(tensors, getattr(fam, "unused", lambda c: {})(config), where)
     expected = checkpoint.flat_shapes(abstract_params(config))
     params = checkpoint.to_params(tensors, fam.table(config), expected, where=where)
     checkpoint.check_all_used(tensors, where, fam.MODEL_TYPE)
@@ -138,6 +139,7 @@ def save(
     """
     fam = family(hf_config)
     _check_same_architecture(config, fam.model_config(hf_config, head_of(config)))
+    hf_config = getattr(fam, "export_config", lambda h, c: h)(hf_config, config)
     params = jax.device_get(params)
     if config.scan_layers:  # the table names unscanned layers
         params = stacking.convert_layout(params, scan=False)

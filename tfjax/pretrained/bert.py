@@ -9,10 +9,17 @@ classification head is the pooler (tanh of a dense layer on [CLS]) and a classif
 tfjax's "classify" head. The tokenizer's [CLS] is its BOS and [SEP] its EOS, so
 classification inputs read "[CLS] text" (no trailing [SEP]).
 
-Not supported (a one-line error): `BertForPreTraining` checkpoints (the next-sentence head and
-the pooler have no place in the MLM model: convert a `BertForMaskedLM`), relative position
-embeddings, decoder use, activations other than exact GELU.
+`BertForPreTraining` checkpoints (what `bert-base-uncased` is) load as the MLM model: their
+masked-LM head is `BertForMaskedLM`'s, and the tensors of the next-sentence head
+(`cls.seq_relationship.*`) and of the pooler that feeds it (`bert.pooler.dense.*`) are dropped
+by name (`unused`, with a one-line warning); any other unknown tensor is still refused. Such a
+model exports as `BertForMaskedLM` (`export_config`, also with a warning).
+
+Not supported (a one-line error): relative position embeddings, decoder use, activations other
+than exact GELU.
 """
+
+import logging
 
 from tfjax import models
 from tfjax.pretrained import checkpoint
@@ -29,7 +36,20 @@ UNSUPPORTED = {
     "add_cross_attention": (False,),
     "tie_word_embeddings": (True,),
 }
-HEADS = {"BertForMaskedLM": "mlm", "BertForSequenceClassification": "classify"}
+HEADS = {
+    "BertForMaskedLM": "mlm",
+    "BertForSequenceClassification": "classify",
+    "BertForPreTraining": "mlm",  # its next-sentence head is dropped (`unused`)
+}
+# Tensors of a BertForPreTraining the MLM model has no place for, dropped by name, and why.
+PRETRAINING_ONLY = {
+    "cls.seq_relationship.weight": "the next-sentence head",
+    "cls.seq_relationship.bias": "the next-sentence head",
+    "pooler.dense.weight": "the pooler, which only the next-sentence head reads",
+    "pooler.dense.bias": "the pooler, which only the next-sentence head reads",
+}
+
+log = logging.getLogger(__name__)
 
 
 def _head(hf: dict, head: str | None) -> str:
@@ -125,6 +145,24 @@ def rename(name: str) -> str:
     if name.endswith("LayerNorm.beta"):
         return name.removesuffix("beta") + "bias"
     return name
+
+
+def unused(cfg: models.ModelConfig) -> dict[str, str]:
+    """Tensor names (without the "bert." prefix) the model of `cfg` drops, with the reason:
+    the MLM model drops BertForPreTraining's next-sentence head and pooler."""
+    return PRETRAINING_ONLY if cfg.encoder_head == "mlm" else {}
+
+
+def export_config(hf: dict, cfg: models.ModelConfig) -> dict:
+    """The config.json to export `cfg` with: a BertForPreTraining becomes a BertForMaskedLM,
+    the model tfjax holds (its next-sentence head was dropped on import)."""
+    if cfg.encoder_head != "mlm" or "BertForPreTraining" not in (hf.get("architectures") or []):
+        return hf
+    log.warning(
+        "exporting as BertForMaskedLM, not BertForPreTraining: the next-sentence head was "
+        "dropped when the checkpoint was imported"
+    )
+    return {**hf, "architectures": ["BertForMaskedLM"]}
 
 
 TIED = {

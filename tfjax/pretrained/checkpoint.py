@@ -15,6 +15,7 @@ reshaped to the tfjax shape, e.g. [D, 3 N H] -> [D, 3N, H] (q heads, then k, the
 
 import dataclasses
 import json
+import logging
 import pathlib
 import re
 from collections.abc import Iterable
@@ -231,6 +232,22 @@ def drop_tied_and_buffers(
             del tensors[copy]
     for name in [n for n in tensors if any(re.fullmatch(b, n) for b in buffers)]:
         del tensors[name]
+
+
+def drop_unused(tensors: dict[str, np.ndarray], unused: dict[str, str], where: str) -> None:
+    """Removes the tensors `unused` names (name -> why the model has no place for it), saying
+    in one warning what was dropped and why; absent names are ignored."""
+    dropped = [name for name in unused if name in tensors]
+    for name in dropped:
+        del tensors[name]
+    if dropped:
+        reasons = "; ".join(
+            f"{', '.join(n for n in dropped if unused[n] == why)}: {why}"
+            for why in dict.fromkeys(unused[n] for n in dropped)
+        )
+        logging.getLogger(__name__).warning(
+            "%s: dropped %d tensors the model has no place for (%s)", where, len(dropped), reasons
+        )
 
 
 def check_all_used(tensors: dict[str, np.ndarray], where: str, family: str) -> None:

@@ -28,7 +28,7 @@ from tfjax.inference import decoding
 from tfjax.models import partitioning
 from tfjax.nn import stacking
 from tfjax.parallel import distributed, layout, strategies
-from tfjax.training import checkpointing, optim, steps
+from tfjax.training import checkpointing, mlm, optim, steps
 
 
 @dataclasses.dataclass
@@ -93,6 +93,8 @@ def load_config_dict(tree: dict) -> ml_collections.ConfigDict:
             config.parallel[key] = value
     if "train" in config and "init_from" not in config.train:  # runs from before init_from
         config.train.init_from = ""
+    if "train" in config and "mlm_rate" not in config.train:  # runs from before MLM training
+        config.train.mlm_rate = 0.15
     config.lock()
     return config
 
@@ -134,6 +136,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise errors.ConfigError(
             f"train.label_smoothing must be in [0, 1), got {config.train.label_smoothing}"
         )
+    if not 0 < config.train.mlm_rate < 1:
+        raise errors.ConfigError(f"train.mlm_rate must be in (0, 1), got {config.train.mlm_rate}")
     if config.parallel.mode not in strategies.MODES:
         raise errors.ConfigError(
             f"parallel.mode={config.parallel.mode!r} is not one of {strategies.MODES}"
@@ -211,6 +215,7 @@ def load_examples(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> d
         config.model.kind,
         seed=config.seed,
         workdir=workdir,
+        encoder_head=config.model.encoder_head,
     )
     chief = jax.process_index() == 0
     examples = load() if chief else None
@@ -226,10 +231,14 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Run:
     strategy = make_strategy(config)
     sample = jax.tree.map(lambda x: jnp.zeros((1, *x.shape), x.dtype), examples.train[0])
     abstract_state = abstract_train_state(model, optimizer, sample, model_config.kind)
-    train_step = make_train_step(config, model, optimizer, schedule)
+    masking = make_masking(config, examples.tokenizer)
+    train_step = make_train_step(config, model, optimizer, schedule, masking)
     eval_step = jax.jit(
         steps.make_eval_step(
-            model, kind=model_config.kind, label_smoothing=config.train.label_smoothing
+            model,
+            kind=model_config.kind,
+            label_smoothing=config.train.label_smoothing,
+            masking=masking,
         )
     )
     return Run(
@@ -278,8 +287,23 @@ def make_strategy(config: ml_collections.ConfigDict, devices=None):
     )
 
 
-def make_train_step(config: ml_collections.ConfigDict, model, optimizer, schedule):
-    """The pure train step of `config` (`tfjax.training.steps.make_train_step`), not compiled."""
+def make_masking(config: ml_collections.ConfigDict, tokenizer=None) -> mlm.Masking | None:
+    """The masking of a masked-LM run (`model.encoder_head="mlm"`), else None; without a
+    `tokenizer` (planning ahead of the data) a stand-in that masks the same shapes.
+
+    Raises:
+        tfjax.errors.ConfigError: for a tokenizer without a mask token.
+    """
+    if datasets.example_format(config.model.kind, config.model.encoder_head) != datasets.MLM:
+        return None
+    if tokenizer is None:
+        return mlm.Masking(mask_id=1, vocab_size=2, special_ids=(0,), rate=config.train.mlm_rate)
+    return mlm.masking_for(tokenizer, config.train.mlm_rate)
+
+
+def make_train_step(config: ml_collections.ConfigDict, model, optimizer, schedule, masking=None):
+    """The pure train step of `config` (`tfjax.training.steps.make_train_step`), not compiled;
+    `masking` for a masked-LM run (default: `make_masking`'s stand-in)."""
     return steps.make_train_step(
         model,
         optimizer,
@@ -287,6 +311,7 @@ def make_train_step(config: ml_collections.ConfigDict, model, optimizer, schedul
         kind=config.model.kind,
         label_smoothing=config.train.label_smoothing,
         grad_accum_steps=config.optim.grad_accum_steps,
+        masking=masking or make_masking(config),
     )
 
 

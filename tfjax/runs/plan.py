@@ -119,7 +119,9 @@ def plan(config: ml_collections.ConfigDict, topology: topology_lib.Topology) -> 
     model = models.create_model(model_config)
     optimizer, schedule = build.make_optimizer(config, model_config)
     strategy = build.make_strategy(config, devices=topology.devices)
-    rows = datasets.train_row_shapes(datasets.DataConfig(**config.data), model_config.kind)
+    rows = datasets.train_row_shapes(
+        datasets.DataConfig(**config.data), model_config.kind, model_config.encoder_head
+    )
     batch_size = _check_batch(config.train.global_batch_size, topology)
     sample = {k: np.zeros((1, *shape), np.int32) for k, shape in rows.items()}
     abstract_state = build.abstract_train_state(model, optimizer, sample, model_config.kind)

@@ -189,7 +189,9 @@ def initial_params(config: ml_collections.ConfigDict, run: build.Run) -> Any:
     )
     optimizer, _ = build.make_optimizer(saved_config, run.model_config)
     shapes = datasets.train_row_shapes(
-        datasets.DataConfig(**saved_config.data), run.model_config.kind
+        datasets.DataConfig(**saved_config.data),
+        run.model_config.kind,
+        run.model_config.encoder_head,
     )
     sample = {k: jnp.zeros((1, *s), jnp.int32) for k, s in shapes.items()}  # shapes only
     abstract = build.abstract_train_state(run.model, optimizer, sample, run.model_config.kind)

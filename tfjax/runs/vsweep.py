@@ -123,6 +123,11 @@ def _check_trials(trials: Sequence[Trial]) -> None:
             f"sweep.halving_steps must be the same positive step numbers for every trial, got "
             f"{halving[0]!r}; e.g. --config.sweep.halving_steps=500,1000"
         )
+    if build.make_masking(trials[0].config) is not None:
+        raise errors.ConfigError(
+            "a vectorised sweep does not run the masked-LM objective (model.encoder_head='mlm') "
+            "yet: sweep without --vectorize"
+        )
     parallel = trials[0].config.parallel
     if parallel.fsdp != 1 or parallel.tensor != 1 or jax.process_count() > 1:
         raise errors.ConfigError(

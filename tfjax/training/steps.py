@@ -6,6 +6,8 @@ optax update. With `axis_name` (pmap) gradients and metric sums are summed over 
 loss is normalised by the global number of target tokens, so every parallel mode computes the
 same gradient as one device with the whole batch. Metrics are float32 sums and weights
 (`tfjax.nn.losses`), divided on the host at log time. The loop itself is in `tfjax.runs.trainer`.
+Masked-LM runs pass a `tfjax.training.mlm.Masking`: the steps mask the inputs themselves and
+score only the masked positions.
 """
 
 from collections.abc import Callable
@@ -18,6 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from tfjax.nn import losses
+from tfjax.training import mlm
 
 Batch = dict[str, Any]  # str -> int32 [B, ...] numpy or jax arrays (DESIGN.md "How data flows")
 
@@ -58,7 +61,12 @@ def model_inputs(batch: Batch, kind: str) -> tuple[tuple, dict]:
 def batch_metrics(
     logits: jax.Array, batch: Batch, kind: str, *, label_smoothing: float | jax.Array
 ) -> Batch:
-    """Loss and accuracy sums of one batch (`tfjax.nn.losses.compute_metrics`)."""
+    """Loss and accuracy sums of one batch (`tfjax.nn.losses.compute_metrics`; masked-LM
+    batches, which carry `mlm_targets`, `tfjax.training.mlm.metrics`)."""
+    if mlm.TARGETS in batch:
+        return mlm.metrics(
+            logits, batch[mlm.TARGETS], batch[mlm.WEIGHTS], label_smoothing=label_smoothing
+        )
     if kind == "encoder_only":
         return losses.classification_metrics(
             logits, batch["labels"], label_smoothing=label_smoothing
@@ -73,6 +81,8 @@ def batch_metrics(
 
 
 def _weight_sum(batch: Batch, kind: str) -> jax.Array:
+    if mlm.WEIGHTS in batch:
+        return jnp.sum(batch[mlm.WEIGHTS])
     if kind == "encoder_only":
         return jnp.sum(batch["labels"] >= 0).astype(jnp.float32)
     weights = batch["targets_segment_ids"] > 0
@@ -104,12 +114,20 @@ def make_train_step(
     kind: str,
     label_smoothing: float | jax.Array,
     grad_accum_steps: int = 1,
+    masking: mlm.Masking | None = None,
 ) -> Callable:
     """The pure train step for `model` (see the module docstring); `label_smoothing` may be a
-    traced scalar (a trial of a vectorised sweep)."""
+    traced scalar (a trial of a vectorised sweep). With `masking` (an encoder-only model with
+    the "mlm" head) the step masks the inputs itself (`tfjax.training.mlm`) with a key split
+    from the step's, and scores only the masked positions."""
 
     def train_step(state: TrainState, batch: Batch, rng: jax.Array, axis_name: str | None = None):
         rng = jax.random.fold_in(rng, state.step)
+        if masking is not None:
+            rng, mask_rng = jax.random.split(rng)
+            rows = batch["inputs"].shape[0]
+            first = 0 if axis_name is None else jax.lax.axis_index(axis_name) * rows
+            batch = mlm.mask_batch(batch, masking, mask_rng, first_row=first)
         weight_sum = _weight_sum(batch, kind)
         if axis_name is not None:
             rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
@@ -136,10 +154,15 @@ def make_train_step(
     return train_step
 
 
-def make_eval_step(model: nn.Module, *, kind: str, label_smoothing: float) -> Callable:
-    """`eval_step(params, batch, axis_name=None) -> metric sums`, deterministic."""
+def make_eval_step(
+    model: nn.Module, *, kind: str, label_smoothing: float, masking: mlm.Masking | None = None
+) -> Callable:
+    """`eval_step(params, batch, axis_name=None) -> metric sums`, deterministic (with
+    `masking`, each example's masks are fixed: `tfjax.training.mlm.mask_eval_batch`)."""
 
     def eval_step(params: Any, batch: Batch, axis_name: str | None = None):
+        if masking is not None:
+            batch = mlm.mask_eval_batch(batch, masking)
         args, kwargs = model_inputs(batch, kind)
         logits = model.apply({"params": params}, *args, **kwargs, deterministic=True)
         metrics = batch_metrics(logits, batch, kind, label_smoothing=label_smoothing)
