@@ -15,7 +15,7 @@ machine; only tiny random checkpoints were run, in the tests).
 
 Presets: `decoder_only` (default), `encoder_decoder`, `encoder_only`: embedded tasks;
 `gpt2_shakespeare` (Tiny Shakespeare, 256-token windows), `marian_multi30k` (Multi30k en->de),
-`tiny` (tests: a few steps).
+`tiny` (tests: a few steps), `t5_tiny` (tests: a converted T5, a few steps).
 """
 
 from configs import common
@@ -76,6 +76,8 @@ PRESETS = {
         "optim.learning_rate": 3e-3,
     },
 }
+# tests: a converted T5 (an encoder-decoder) on the embedded copy task, a few steps
+PRESETS["t5_tiny"] = {**PRESETS["tiny"], "model.kind": "encoder_decoder", "data.name": "copy"}
 
 
 def get_config(arg: str | None = None):
