@@ -136,6 +136,17 @@ def test_t5_logits_match_hf_on_a_padded_batch(t5_dir):
     np.testing.assert_allclose(ours[valid], theirs[valid], **TOL)
 
 
+def test_t5_gated_silu_logits_match_hf(tmp_path):
+    """feed_forward_proj="gated-silu" (silu(wi_0 x) * wi_1 x) is tfjax's SwiGLU."""
+    hf_model = hf_checkpoints.t5(tmp_path, "v1.1", feed_forward_proj="gated-silu")
+    config, params = pretrained.load_params(tmp_path)
+    assert config.activation == "swiglu"
+    batch = _batch(config.vocab_size)
+    valid = batch[3] > 0
+    ours, theirs = _tfjax_logits(config, params, batch), _hf_logits(hf_model, batch)
+    np.testing.assert_allclose(ours[valid], theirs[valid], **TOL)
+
+
 def test_t5_without_the_output_rescale_breaks_parity(t5_dir):
     """Negative control: v1.0 without `rescale_output` (v1.1 with it) disagrees."""
     directory, hf_model, _ = t5_dir
