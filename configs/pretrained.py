@@ -25,7 +25,8 @@ Presets: `decoder_only` (default), `encoder_decoder`, `encoder_only`, `encoder_o
 embedded tasks (the last: masked-LM on the sentences of the `reverse` task);
 `gpt2_shakespeare` (Tiny Shakespeare, 256-token windows), `marian_multi30k` (Multi30k en->de),
 `bert_mlm_shakespeare` (Tiny Shakespeare lines), `bert_mlm_files` (your text file, one example
-per line), `tiny` (tests: a few steps).
+per line), `tiny` (tests: a few steps), `t5_tiny` (tests: a converted T5, a
+few steps).
 """
 
 from configs import common
@@ -107,6 +108,8 @@ PRESETS = {
         "optim.learning_rate": 3e-3,
     },
 }
+# tests: a converted T5 (an encoder-decoder) on the embedded copy task, a few steps
+PRESETS["t5_tiny"] = {**PRESETS["tiny"], "model.kind": "encoder_decoder", "data.name": "copy"}
 
 
 def get_config(arg: str | None = None):

@@ -5,8 +5,8 @@
 
 Import (the default): `--hf_dir` is a local directory as `save_pretrained` or
 `huggingface-cli download --local-dir` writes it (config.json, model.safetensors or
-pytorch_model.bin, the tokenizer's files); nothing is downloaded. Supported: GPT-2 and
-BERT (see `tfjax.pretrained`). The new `--workdir` is an ordinary
+pytorch_model.bin, the tokenizer's files); nothing is downloaded. Supported: GPT-2, BERT
+and T5 v1.0 / v1.1 (see `tfjax.pretrained`). The new `--workdir` is an ordinary
 tfjax workdir with a checkpoint at step 0: `experiments.generate`, `translate` and `evaluate`
 read it, and `python -m experiments.train --config=WORKDIR/config.json --workdir=WORKDIR`
 fine-tunes it (or `--config.train.init_from=WORKDIR` starts a new run from it). `--config`

@@ -104,3 +104,78 @@ def bert(
     model = perturb(cls(config))
     model.save_pretrained(str(directory))
     return model
+
+
+def t5_tokenizer(directory: pathlib.Path) -> transformers.PreTrainedTokenizerBase:
+    """A SentencePiece unigram model (T5's kind: <pad> 0, </s> 1, <unk> 2) trained on `TEXTS`,
+    as a `T5Tokenizer` with 3 sentinels, saved in `directory`."""
+    import sentencepiece
+
+    prefix = directory / "spiece"
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXTS * 4),
+        model_prefix=str(prefix),
+        vocab_size=60,
+        model_type="unigram",
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        minloglevel=2,
+    )
+    tokenizer = transformers.T5Tokenizer.from_pretrained(str(directory), extra_ids=3)
+    tokenizer.save_pretrained(str(directory))
+    return tokenizer
+
+
+T5_VERSIONS = {
+    "v1.0": dict(feed_forward_proj="relu"),  # tied output, rescaled by d_model**-0.5
+    "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),  # untied lm_head
+}
+
+
+def t5(directory: pathlib.Path, version: str = "v1.0", **overrides):
+    """A T5ForConditionalGeneration (D 16, 4 heads of width 8, 2 encoder and 3 decoder layers,
+    8 relative buckets up to distance 6) of `version` (`T5_VERSIONS`), saved in `directory`.
+    v1.1's lm_head is drawn apart from the shared embeddings (untied)."""
+    tokenizer = t5_tokenizer(directory)
+    config = transformers.T5Config(
+        vocab_size=len(tokenizer),
+        d_model=16,
+        d_kv=8,
+        d_ff=32,
+        num_layers=2,
+        num_decoder_layers=3,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=6,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **{**T5_VERSIONS[version], **overrides},
+    )
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(config)
+    if version != "v1.0":
+        generator = torch.Generator().manual_seed(1)
+        head = torch.randn(model.lm_head.weight.shape, generator=generator)
+        model.lm_head.weight = torch.nn.Parameter(head)
+    model = perturb(model)
+    model.save_pretrained(str(directory))
+    return model
+
+
+def edited_copy(directory: pathlib.Path, target: pathlib.Path, *, config=None, tensors=None):
+    """A copy of the checkpoint in `directory` written to `target`, its config.json dict passed
+    through `config` and its tensors (a dict of numpy arrays) through `tensors` when given."""
+    import json
+
+    from safetensors import numpy as safetensors_numpy
+
+    hf_config = json.loads((directory / "config.json").read_text())
+    weights = safetensors_numpy.load_file(str(directory / "model.safetensors"))
+    (target / "config.json").write_text(json.dumps(config(hf_config) if config else hf_config))
+    safetensors_numpy.save_file(
+        tensors(weights) if tensors else weights, str(target / "model.safetensors")
+    )
+    return target

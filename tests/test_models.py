@@ -289,3 +289,26 @@ def test_output_bias_off_removes_the_untied_bias_and_auto_keeps_old_trees():
 
 def _init_params(cfg):
     return models.create_model(cfg).init(jax.random.key(0), SRC, TGT)["params"]
+
+
+@pytest.mark.parametrize("tie_output", [True, False])
+def test_rescale_output_multiplies_the_decoder_output_by_rsqrt_width(tie_output):
+    """T5 v1.0's option: logits are linear in the decoder output, so they scale by 16**-0.5."""
+    options = dict(tie_output=tie_output, output_bias="off")  # no bias: logits linear in x
+    model, variables = _init(_tiny(**options), SRC, TGT)
+    rescaled = models.create_model(_tiny(**options, rescale_output=True))
+    logits = model.apply(variables, SRC, TGT)
+    np.testing.assert_allclose(rescaled.apply(variables, SRC, TGT), logits * 0.25, atol=1e-6)
+
+
+def test_t5_dropout_options_change_nothing_when_deterministic_and_add_no_parameters():
+    cfg = _tiny(dropout_rate=0.3, final_dropout=True, mlp_dropout=True)
+    model, variables = _init(cfg, SRC, TGT)
+    plain, plain_variables = _init(_tiny(dropout_rate=0.3), SRC, TGT)
+    assert jax.tree.map(jnp.shape, variables) == jax.tree.map(jnp.shape, plain_variables)
+    np.testing.assert_array_equal(
+        model.apply(variables, SRC, TGT), plain.apply(variables, SRC, TGT)
+    )
+    rng = {"dropout": jax.random.key(1)}
+    noisy = model.apply(variables, SRC, TGT, deterministic=False, rngs=rng)
+    assert not np.allclose(noisy, plain.apply(variables, SRC, TGT, deterministic=False, rngs=rng))

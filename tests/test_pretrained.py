@@ -7,8 +7,6 @@ PyTorch model's logits to 1e-4 (float32) on a padded batch and the same greedy c
 input must fail in one line that names the problem.
 """
 
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -167,15 +165,7 @@ def test_a_transposed_projection_breaks_parity(gpt2_dir, monkeypatch):
 # Bad input: one line naming the problem.
 
 
-def _copy(directory, tmp_path, *, config=None, tensors=None):
-    """A copy of the checkpoint in `directory` with config.json and weights edited."""
-    hf_config = json.loads((directory / "config.json").read_text())
-    weights = safetensors_numpy.load_file(str(directory / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps(config(hf_config) if config else hf_config))
-    safetensors_numpy.save_file(
-        tensors(weights) if tensors else weights, str(tmp_path / "model.safetensors")
-    )
-    return tmp_path
+_copy = hf_checkpoints.edited_copy  # a checkpoint with config.json or weights edited
 
 
 def _load_error(directory, **kwargs) -> str:

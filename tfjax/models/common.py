@@ -45,6 +45,8 @@ class OutputMixin:
 
     def _logits(self, x: Array) -> Array:
         cfg = self.config
+        if cfg.rescale_output:  # T5 v1.0: tied to unscaled embeddings (Mesh TensorFlow)
+            x = x * jnp.asarray(cfg.embed_dim**-0.5, x.dtype)
         if not cfg.tie_output:
             return self.logits_dense(x)
         if cfg.positional_combine == "concat":

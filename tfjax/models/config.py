@@ -47,6 +47,10 @@ class ModelConfig:
     the sum of embeddings and positions before dropout (BERT); `output_bias` is "on" for a
     learned [V] bias on the logits (tied ones too: BERT's MLM bias, Marian's
     `final_logits_bias`), "off" for none, "auto" for the untied output layer's own bias only.
+    T5 (Raffel et al. 2020; Mesh TensorFlow) adds: `mlp_dropout` applies `dropout_rate` to the
+    feed-forward's hidden activations too; `final_dropout` applies it after each stack's final
+    norm (encoder output and decoder output); `rescale_output` multiplies the decoder output
+    by D**-0.5 before the output layer (T5 v1.0, whose logits are tied to unscaled embeddings).
     """
 
     kind: str = "encoder_decoder"
@@ -86,6 +90,9 @@ class ModelConfig:
     num_token_types: int = 0
     embedding_norm: bool = False
     output_bias: str = "auto"
+    mlp_dropout: bool = False
+    final_dropout: bool = False
+    rescale_output: bool = False
     encoder_head: str = "classify"
     num_classes: int = 2
     bos_id: int = 1

@@ -131,6 +131,7 @@ def _feed_forward(cfg) -> layers.FeedForward:
     return layers.FeedForward(
         cfg.mlp_dim,
         cfg.activation,
+        dropout_rate=cfg.dropout_rate if cfg.mlp_dropout else 0.0,
         use_bias=cfg.use_bias,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.params_dtype,
@@ -275,11 +276,17 @@ class _Stack(nn.Module):
             cfg.window_radius or None, causal, segment_ids, positions, offset_bias=offset_bias
         )
 
-    def _final(self, x: Array) -> Array:
+    def _final(self, x: Array, *, deterministic: bool) -> Array:
+        """The final norm of a pre-LN stack (`use_final_norm`), then dropout with `final_dropout`
+        (T5)."""
         cfg = self.config
-        if not cfg.use_final_norm:
-            return x
-        return make_norm(cfg, "final_norm")(x)
+        if cfg.use_final_norm:
+            x = make_norm(cfg, "final_norm")(x)
+        if cfg.final_dropout:
+            x = layers.Dropout(cfg.dropout_rate, name="final_dropout")(
+                x, deterministic=deterministic
+            )
+        return x
 
 
 class Encoder(_Stack):
@@ -324,7 +331,7 @@ class Encoder(_Stack):
             positions=positions,
             deterministic=deterministic,
         )
-        return self._final(x)
+        return self._final(x, deterministic=deterministic)
 
 
 class Decoder(_Stack):
@@ -386,7 +393,7 @@ class Decoder(_Stack):
             deterministic=deterministic,
             decode=decode,
         )
-        return self._final(x)
+        return self._final(x, deterministic=deterministic)
 
     def _causal_mask(self, length: int, segment_ids: Array | None) -> Array:
         """[B|1, 1, L, L]: causal, within segments (without a window; see `_window`)."""

@@ -9,7 +9,8 @@ A checkpoint directory is what `save_pretrained` (or `huggingface-cli download -
 writes: `config.json`, the weights (`model.safetensors`, shards, or `pytorch_model.bin`) and the
 tokenizer's files. Nothing is downloaded. Each family has one module with its `ModelConfig`
 mapping and its explicit weight table (`checkpoint.Entry` rows): `gpt2` (decoder-only), `bert`
-(encoder-only, masked-LM or classification head; BertForPreTraining loads as masked-LM). The
+(encoder-only, masked-LM or classification head; BertForPreTraining loads as masked-LM), `t5`
+(encoder-decoder, v1.0 and v1.1). The
 conversion checks every tensor: a checkpoint of another architecture, a missing, unknown or
 misshapen tensor, or a config option the model cannot compute is a one-line
 `tfjax.errors.ConversionError` naming it. `transformers` is needed for the tokenizer and
@@ -27,9 +28,9 @@ import numpy as np
 from tfjax import errors, models
 from tfjax.data import pretrained_tokenizer
 from tfjax.nn import stacking
-from tfjax.pretrained import bert, checkpoint, gpt2
+from tfjax.pretrained import bert, checkpoint, gpt2, t5
 
-FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert)}
+FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert, t5)}
 
 read_hf_config = checkpoint.read_config
 
@@ -96,7 +97,8 @@ def load_params(
     config = fam.model_config(hf, head)
     tensors = _names(checkpoint.read_tensors(directory), fam)
     where = str(directory)
-    checkpoint.drop_tied_and_buffers(tensors, fam.TIED, fam.BUFFERS, where)
+    tied = fam.tied(config) if hasattr(fam, "tied") else fam.TIED  # T5: by the config
+    checkpoint.drop_tied_and_buffers(tensors, tied, fam.BUFFERS, where)
     checkpoint.drop_unused(tensors, getattr(fam, "unused", lambda c: {})(config), where)
     expected = checkpoint.flat_shapes(abstract_params(config))
     params = checkpoint.to_params(tensors, fam.table(config), expected, where=where)
