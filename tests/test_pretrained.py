@@ -7,6 +7,8 @@ PyTorch model's logits to 1e-4 (float32) on a padded batch and the same greedy c
 input must fail in one line that names the problem.
 """
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
