@@ -329,3 +329,20 @@ def test_rss_child_trains_its_side_alone_with_the_parents_allocator(side, tune):
     assert line["side"] == side
     assert line["host_malloc"].endswith(", tuned" if tune else ", default")
     assert 100 * 2**20 < line["peak_rss_bytes"] < 16 * 2**30  # bytes, not KiB or pages
+
+
+def test_modes_split_bimodal_timings_at_the_largest_jump():
+    # 5,500 tokens/s steps with two at ~1,800 (the torch-peer symptom), literal seconds:
+    times = [0.372, 0.380, 1.14, 0.375, 0.371, 1.10, 0.377]
+    found = timing.modes(times)
+    assert found["slow"]["calls"] == [2, 5] and found["fast"]["count"] == 5
+    assert found["slow"]["median_seconds"] == pytest.approx((1.14 + 1.10) / 2)
+    assert found["fast"]["median_seconds"] == pytest.approx(0.375)
+    assert found["gap"] == pytest.approx(1.10 / 0.380)
+    assert timing.rates(2048, times)["modes"] == found
+
+
+@pytest.mark.parametrize("times", [[0.372, 0.380, 0.41, 0.375], [0.5], [0.3, 0.44]])
+def test_modes_is_none_for_one_group(times):
+    # within 1.5x of each other (0.44 / 0.3 = 1.47), or a single call
+    assert timing.modes(times) is None

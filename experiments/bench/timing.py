@@ -54,7 +54,41 @@ def time_pairs(
     return first, times, peer_times
 
 
+# Timed calls split into two modes where consecutive sorted times jump by at least this factor.
+MODE_GAP = 1.5
+
+
+def modes(times: list[float], gap: float = MODE_GAP) -> dict | None:
+    """The two modes of bimodal timings, or None when the times form one group.
+
+    The times are sorted and cut at the largest ratio between neighbours; when that ratio is at
+    least `gap` (1.5: on a quiet host repeats of one step stay within ~10%), the line reports
+    both groups instead of letting a median or min-max hide them: {"fast": {"count",
+    "median_seconds"}, "slow": {..., "calls": indices of the slow calls in timed order},
+    "gap": the ratio at the cut}.
+    """
+    if len(times) < 2:
+        return None
+    order = sorted(range(len(times)), key=times.__getitem__)
+    ratios = [times[order[i + 1]] / times[order[i]] for i in range(len(order) - 1)]
+    cut = max(range(len(ratios)), key=ratios.__getitem__)
+    if ratios[cut] < gap:
+        return None
+    fast, slow = order[: cut + 1], order[cut + 1 :]
+
+    def group(calls: list[int]) -> dict:
+        return {"count": len(calls), "median_seconds": statistics.median(times[c] for c in calls)}
+
+    return {"fast": group(fast), "slow": {**group(slow), "calls": sorted(slow)}, "gap": ratios[cut]}
+
+
 def rates(amount: float, times: list[float]) -> dict:
-    """{"median", "min", "max"} of `amount` / seconds over the timed calls (e.g. tokens/s)."""
+    """{"median", "min", "max"} of `amount` / seconds over the timed calls (e.g. tokens/s), and
+    "modes": `modes(times)` (None unless the calls fall into a fast and a slow group)."""
     per_call = [amount / t for t in times]
-    return {"median": statistics.median(per_call), "min": min(per_call), "max": max(per_call)}
+    return {
+        "median": statistics.median(per_call),
+        "min": min(per_call),
+        "max": max(per_call),
+        "modes": modes(times),
+    }
