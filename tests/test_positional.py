@@ -119,6 +119,12 @@ def test_learned_positional_embedding_out_of_range():
     # Under jit the documented behaviour is clipping to the last row.
     out = jax.jit(module.apply)(variables, jnp.array([[3, 9]]))
     np.testing.assert_array_equal(out[0, 1], variables["params"]["embedding"][3])
+    # Concrete positions whose min/max are traced (a sample batch closed over by an init under
+    # vmap + eval_shape, as vectorised sweeps do): no check, no error.
+    sample = jnp.array([[0, 1, 1]])
+    keys = jax.random.split(jax.random.key(0), 2)
+    shapes = jax.eval_shape(jax.vmap(lambda rng: module.init(rng, sample)), keys)
+    assert shapes["params"]["embedding"].shape == (2, 4, 2)
 
 
 def test_combine_embeddings_add_and_concat():

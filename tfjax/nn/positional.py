@@ -144,8 +144,11 @@ class LearnedPositionalEmbedding(nn.Module):
     @nn.compact
     def __call__(self, positions: Int[Array, "B L"]) -> Float[Array, "B L D"]:
         """Looks up [B, L] int positions; returns [B, L, D] in `dtype`."""
-        if not isinstance(positions, jax.core.Tracer) and positions.size:
-            low, high = int(positions.min()), int(positions.max())
+        if positions.size:
+            try:  # concrete positions only: under a trace (jit, vmap, eval_shape) they are not
+                low, high = int(positions.min()), int(positions.max())
+            except jax.errors.ConcretizationTypeError:
+                low, high = 0, 0
             if low < 0 or high >= self.max_len:
                 raise ValueError(
                     f"positions must lie in [0, max_len={self.max_len}), got range [{low}, {high}]"
