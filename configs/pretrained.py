@@ -9,13 +9,17 @@ corpus; the named presets are the README's fine-tuning recipes:
   python -m experiments.convert --hf_dir=checkpoints/gpt2 --workdir=runs/gpt2 \\
       --config=configs/pretrained.py:gpt2_shakespeare
   python -m experiments.train --config=runs/gpt2/config.json --workdir=runs/gpt2
+  python -m experiments.convert --hf_dir=checkpoints/opus-mt-en-de --workdir=runs/opus_en_de \\
+      --config=configs/pretrained.py:marian_multi30k
+  python -m experiments.train --config=runs/opus_en_de/config.json \\
+      --workdir=runs/opus_en_de_m30k --config.train.init_from=runs/opus_en_de
 Expected wall times are those of the model: GPT-2 small (124M) runs about 1 step/s at batch 8
 x 256 tokens on a 2-core CPU (not measured here: no real checkpoint can be downloaded on this
 machine; only tiny random checkpoints were run, in the tests).
 
 Presets: `decoder_only` (default), `encoder_decoder`, `encoder_only`: embedded tasks;
 `gpt2_shakespeare` (Tiny Shakespeare, 256-token windows), `marian_multi30k` (Multi30k en->de),
-`tiny` (tests: a few steps).
+`tiny`, `tiny_seq2seq` (tests: a few steps).
 """
 
 from configs import common
@@ -75,6 +79,14 @@ PRESETS = {
         "optim.warmup_steps": 0,
         "optim.learning_rate": 3e-3,
     },
+}
+
+
+# Tests: a converted encoder-decoder (Marian) for a few steps, on the tiny preset's loop.
+PRESETS["tiny_seq2seq"] = {
+    **PRESETS["tiny"],
+    "model.kind": "encoder_decoder",
+    "data.name": "copy",
 }
 
 

@@ -9,7 +9,8 @@ A checkpoint directory is what `save_pretrained` (or `huggingface-cli download -
 writes: `config.json`, the weights (`model.safetensors`, shards, or `pytorch_model.bin`) and the
 tokenizer's files. Nothing is downloaded. Each family has one module with its `ModelConfig`
 mapping and its explicit weight table (`checkpoint.Entry` rows): `gpt2` (decoder-only), `bert`
-(encoder-only, masked-LM or classification head). The
+(encoder-only, masked-LM or classification head), `marian` (encoder-decoder translation,
+OPUS-MT). The
 conversion checks every tensor: a checkpoint of another architecture, a missing, unknown or
 misshapen tensor, or a config option the model cannot compute is a one-line
 `tfjax.errors.ConversionError` naming it. `transformers` is needed for the tokenizer and
@@ -27,9 +28,9 @@ import numpy as np
 from tfjax import errors, models
 from tfjax.data import pretrained_tokenizer
 from tfjax.nn import stacking
-from tfjax.pretrained import bert, checkpoint, gpt2
+from tfjax.pretrained import bert, checkpoint, gpt2, marian
 
-FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert)}
+FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert, marian)}
 
 read_hf_config = checkpoint.read_config
 
