@@ -195,7 +195,6 @@ def evaluate_workdir(
         name += f"_beam{options['beam_size']}"
         scores["teacher_forced_exact_match"] = scores.pop("exact_match")
         record.update(beam_size=options["beam_size"], alpha=options["alpha"])
-        options["max_length"] = trained.decoding.get("max_length")  # None: the trained length
         options.update(max_examples=max_examples, batch_size=batch_size)
         record.update(_decoded_scores(trained, name, **options))
     record.update(_sampled_windows(trained, sample_windows))

@@ -137,12 +137,13 @@ class Trained:
     ) -> dict:
         """beam_size, alpha, max_length and `search` for `evaluation`: the given values, else
         the workdir's `decoding` (a converted checkpoint's), else 4, 0.6 and the trained
-        length `data.max_target_len`."""
-        defaults = self.decoding
+        length `data.max_target_len`. A checkpoint's max_length is capped at the trained
+        length (OPUS-MT's 511 would size the cache for nothing; pass max_length for more)."""
+        defaults, trained = self.decoding, self.config.data.max_target_len
         return {
             "beam_size": defaults.get("beam_size", 4) if beam_size is None else beam_size,
             "alpha": defaults.get("alpha", 0.6) if alpha is None else alpha,
-            "max_length": max_length or defaults.get("max_length", self.config.data.max_target_len),
+            "max_length": max_length or min(defaults.get("max_length", trained), trained),
             "search": {k: v for k, v in defaults.items() if k in evaluation.SEARCH_OPTIONS},
         }
 
