@@ -9,6 +9,10 @@ corpus; the named presets are the README's fine-tuning recipes:
   python -m experiments.convert --hf_dir=checkpoints/gpt2 --workdir=runs/gpt2 \\
       --config=configs/pretrained.py:gpt2_shakespeare
   python -m experiments.train --config=runs/gpt2/config.json --workdir=runs/gpt2
+  python -m experiments.convert --hf_dir=checkpoints/opus-mt-en-de --workdir=runs/opus_en_de \\
+      --config=configs/pretrained.py:marian_multi30k
+  python -m experiments.train --config=runs/opus_en_de/config.json \\
+      --workdir=runs/opus_en_de_m30k --config.train.init_from=runs/opus_en_de
 Expected wall times are those of the model: GPT-2 small (124M) runs about 1 step/s at batch 8
 x 256 tokens on a 2-core CPU (not measured here: no real checkpoint can be downloaded on this
 machine; only tiny random checkpoints were run, in the tests).
@@ -25,8 +29,8 @@ Presets: `decoder_only` (default), `encoder_decoder`, `encoder_only`, `encoder_o
 embedded tasks (the last: masked-LM on the sentences of the `reverse` task);
 `gpt2_shakespeare` (Tiny Shakespeare, 256-token windows), `marian_multi30k` (Multi30k en->de),
 `bert_mlm_shakespeare` (Tiny Shakespeare lines), `bert_mlm_files` (your text file, one example
-per line), `tiny` (tests: a few steps), `t5_tiny` (tests: a converted T5, a
-few steps).
+per line), `tiny`, `tiny_seq2seq` (tests: a few steps), `t5_tiny` (tests: a converted T5, a few
+steps).
 """
 
 from configs import common
@@ -110,6 +114,14 @@ PRESETS = {
 }
 # tests: a converted T5 (an encoder-decoder) on the embedded copy task, a few steps
 PRESETS["t5_tiny"] = {**PRESETS["tiny"], "model.kind": "encoder_decoder", "data.name": "copy"}
+
+
+# Tests: a converted encoder-decoder (Marian) for a few steps, on the tiny preset's loop.
+PRESETS["tiny_seq2seq"] = {
+    **PRESETS["tiny"],
+    "model.kind": "encoder_decoder",
+    "data.name": "copy",
+}
 
 
 def get_config(arg: str | None = None):

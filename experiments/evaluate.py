@@ -2,7 +2,8 @@
 
 Flags: `--split` (default: the run's `data.eval_split`; any split of the run's dataset, e.g.
 "test2016" for multi30k, or "train"), `--average_last` (1; N > 1 averages the parameters of the
-last N checkpoints), `--beam_size` (4; 1 = greedy), `--alpha` (0.6, beam length penalty),
+last N checkpoints), `--beam_size` (4; 1 = greedy), `--alpha` (0.6, beam length penalty; a
+workdir converted from a checkpoint with its own decoding, e.g. Marian's, defaults to that),
 `--step` (default: the latest good checkpoint), `--max_examples` (0 = the whole split),
 `--batch_size` (64), `--source_file` with `--reference_file` (seq2seq runs: score any
 line-aligned text files instead of a split of the run's dataset), `--oracle_length` (seq2seq,
@@ -91,8 +92,12 @@ def _define_flags() -> None:
     flags.DEFINE_string("split", None, "Split to evaluate: the run's data.eval_split or train.")
     flags.DEFINE_string("source_file", None, "Seq2seq: score on these source lines instead...")
     flags.DEFINE_string("reference_file", None, "...against these references (line-aligned).")
-    flags.DEFINE_integer("beam_size", 4, "Beam size for seq2seq runs (1 = greedy).")
-    flags.DEFINE_float("alpha", 0.6, "Beam search length penalty exponent.")
+    flags.DEFINE_integer(
+        "beam_size", None, "Seq2seq beam size (1 = greedy; default 4, or a converted model's)."
+    )
+    flags.DEFINE_float(
+        "alpha", None, "Length penalty exponent (default 0.6, or a converted checkpoint's)."
+    )
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
     flags.DEFINE_integer("max_examples", 0, "Evaluate the first N examples only (0 = all).")
     flags.DEFINE_integer("batch_size", 64, "Sources decoded per call.")

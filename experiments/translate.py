@@ -3,6 +3,8 @@
 Flags: `--input` (a text file, one source per line; default: stdin), `--beam_size` (4; 1 =
 greedy), `--alpha` (0.6), `--max_length` (target positions, EOS included; default: the run's
 `data.max_target_len`), `--step` (default: the latest good checkpoint), `--batch_size` (64).
+A workdir converted from a checkpoint with its own decoding (Marian's generation_config.json)
+defaults to that: its beam size, length penalty and max_length.
 
 Prints one output line per input line, in order, on stdout; warnings go to stderr: a line
 longer than the model reads (`data.max_source_len` tokens with EOS) is truncated, with a warning
@@ -55,8 +57,12 @@ def _define_flags() -> None:
     """Flags exist only when run as a script, so importing this module defines none."""
     flags.DEFINE_string("workdir", None, "Run directory of an encoder-decoder model.")
     flags.DEFINE_string("input", None, "Text file with one source per line (default: stdin).")
-    flags.DEFINE_integer("beam_size", 4, "Beam size (1 = greedy).")
-    flags.DEFINE_float("alpha", 0.6, "Beam search length penalty exponent.")
+    flags.DEFINE_integer(
+        "beam_size", None, "Beam size (1 = greedy; default 4, or a converted checkpoint's)."
+    )
+    flags.DEFINE_float(
+        "alpha", None, "Length penalty exponent (default 0.6, or a converted checkpoint's)."
+    )
     flags.DEFINE_integer("max_length", None, "Target positions (default: data.max_target_len).")
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
     flags.DEFINE_integer("batch_size", 64, "Sources decoded per call.")

@@ -165,6 +165,129 @@ def t5(directory: pathlib.Path, version: str = "v1.0", **overrides):
     return model
 
 
+# German sides of `TEXTS`' first three sentences, and more, for Marian's target vocabulary.
+TARGET_TEXTS = [
+    "Ein Hund rennt über die grüne Wiese.",
+    "Zwei Kinder spielen mit einem roten Ball im Park!",
+    "Der alte Mann liest eine Zeitung auf der Bank.",
+    "Eine Frau fährt mit dem Fahrrad durch die Stadt.",
+]
+
+
+def _sentencepiece(texts: list[str], path: pathlib.Path) -> list[str]:
+    """Trains a tiny SentencePiece BPE model on `texts` into `path`; returns its pieces."""
+    import io
+
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts * 4),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=80,
+        hard_vocab_limit=False,
+        character_coverage=1.0,
+        minloglevel=2,
+    )
+    path.write_bytes(model.getvalue())
+    processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    return [
+        processor.id_to_piece(i)
+        for i in range(processor.get_piece_size())
+        if not (processor.is_control(i) or processor.is_unknown(i))
+    ]
+
+
+def marian_tokenizer(directory: pathlib.Path) -> transformers.PreTrainedTokenizerBase:
+    """A MarianTokenizer with an English source and a German target SentencePiece model and one
+    shared vocab.json laid out as OPUS-MT's: </s> = 0, <unk> = 1, pieces, <pad> last."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = pathlib.Path(scratch)
+        pieces = _sentencepiece(TEXTS, scratch / "source.spm")
+        pieces += _sentencepiece(TARGET_TEXTS, scratch / "target.spm")
+        tokens = ["</s>", "<unk>", *dict.fromkeys(pieces), "<pad>"]
+        (scratch / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
+        tokenizer = transformers.MarianTokenizer(
+            source_spm=str(scratch / "source.spm"),
+            target_spm=str(scratch / "target.spm"),
+            vocab=str(scratch / "vocab.json"),
+        )
+        tokenizer.save_pretrained(str(directory))
+    return transformers.AutoTokenizer.from_pretrained(str(directory))
+
+
+def marian(
+    directory: pathlib.Path,
+    *,
+    generation: dict | None = None,
+    eos_bias: float = 0.0,
+    pad_bias: float = 2.5,
+    eos_position: tuple[int, float] | None = (6, 3.0),
+    **overrides,
+) -> transformers.MarianMTModel:
+    """A 2+2-layer Marian (D 16, 4 heads, swish) with its tokenizer and an OPUS-MT style
+    generation_config.json (beam 4, pad forbidden, forced EOS, renormalized log-probs).
+
+    Random models either stop at once or never (a repeated token); EOS's embedding row set to
+    a multiple of the decoder's position encoding at step p makes EOS likelier near p, so that
+    beam search weighs hypotheses of several lengths and the length penalty matters."""
+    tokenizer = marian_tokenizer(directory)
+    pad = tokenizer.pad_token_id
+    fields = dict(
+        vocab_size=len(tokenizer),
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        activation_function="swish",
+        scale_embedding=True,
+        pad_token_id=pad,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        init_std=0.4,
+        architectures=["MarianMTModel"],
+    )
+    config = transformers.MarianConfig(**{**fields, **overrides})
+    torch.manual_seed(0)
+    model = perturb(transformers.MarianMTModel(config))
+    with torch.no_grad():  # a buffer, not a parameter: perturb it too
+        generator = torch.Generator().manual_seed(1)
+        bias = 0.3 * torch.randn(model.final_logits_bias.shape, generator=generator)
+        # <pad> likely enough that it would be generated unless forbidden; EOS (below) likelier
+        # near target position `eos_position[0]`, so that hypotheses end at several lengths.
+        bias[0, config.eos_token_id] += eos_bias
+        bias[0, pad] += pad_bias
+        model.final_logits_bias.copy_(bias)
+        if eos_position is not None:  # EOS's row along the positions' sinusoid at step p
+            step, scale = eos_position
+            table = model.model.decoder.embed_positions.weight
+            model.model.shared.weight[config.eos_token_id] = scale * table[step]
+    model.generation_config = transformers.GenerationConfig(
+        **{
+            "bad_words_ids": [[pad]],
+            "decoder_start_token_id": pad,
+            "eos_token_id": 0,
+            "forced_eos_token_id": 0,
+            "pad_token_id": pad,
+            "max_length": 12,
+            "num_beams": 4,
+            "renormalize_logits": True,
+            **(generation or {}),
+        }
+    )
+    model.save_pretrained(str(directory))
+    return model
+
+
 def edited_copy(directory: pathlib.Path, target: pathlib.Path, *, config=None, tensors=None):
     """A copy of the checkpoint in `directory` written to `target`, its config.json dict passed
     through `config` and its tensors (a dict of numpy arrays) through `tensors` when given."""

@@ -118,7 +118,7 @@ def test_convert_cli_gives_one_line_for_another_architecture(gpt2_dir, tmp_path)
     result = _convert_cli(f"--hf_dir={tmp_path / 'llama'}", f"--workdir={tmp_path / 'run'}")
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        "error: model_type 'llama' is not one tfjax converts (supported: gpt2, bert, t5)"
+        "error: model_type 'llama' is not one tfjax converts (supported: gpt2, bert, t5, marian)"
     )
     assert not (tmp_path / "run").exists()
 

@@ -77,7 +77,7 @@ def encode_seq2seq(
     examples = []
     for index, (source, target) in enumerate(pairs):
         inputs = tokenizer.encode(source, add_eos=True)
-        targets = tokenizer.encode(target, add_eos=True)
+        targets = _encode_target(tokenizer, target)
         if len(inputs) > max_source_len or len(targets) > max_target_len:
             continue
         if kept is not None:
@@ -95,6 +95,13 @@ def encode_seq2seq(
     fix = "raise max_source_len or max_target_len"
     _log_dropped("seq2seq", len(pairs) - len(examples), len(pairs), fix)
     return examples
+
+
+def _encode_target(tokenizer: tokenizers.Tokenizer, text: str) -> list[int]:
+    """Target ids with EOS: a pretrained tokenizer's target side (Marian's target model)."""
+    if isinstance(tokenizer, tokenizers.PretrainedTokenizer):
+        return tokenizer.encode_target(text, add_eos=True)
+    return tokenizer.encode(text, add_eos=True)
 
 
 def encode_lm(

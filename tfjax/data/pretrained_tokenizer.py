@@ -8,7 +8,7 @@ interface of `tfjax.data.tokenizers` (`encode`, `decode`, `pieces`, `vocab_size`
 begins and ends text with the one id of `<|endoftext|>` and has no padding id, BERT's [CLS] and
 [SEP] play BOS and EOS, T5 and Marian have no BOS (their decoders start from the padding id,
 which the model's `ModelConfig.bos_id` holds). Padding is still read from segment ids, never
-from an id.
+from an id. `encode_target` encodes translation targets (Marian's target SentencePiece model).
 
 `transformers` is imported when a tokenizer is loaded (the `hf` extra).
 """
@@ -88,6 +88,13 @@ class PretrainedTokenizer:
             )
         ids = self._tokenizer.encode(text, add_special_tokens=False)
         return [self.bos_id] * add_bos + list(ids) + [self.eos_id] * add_eos
+
+    def encode_target(self, text: str, *, add_eos: bool = False) -> list[int]:
+        """Ids of a target text: `encode`, but through the tokenizer's target side where it has
+        one (Marian keeps a SentencePiece model per language, `text_target`); others encode
+        targets as sources."""
+        ids = self._tokenizer(text_target=text, add_special_tokens=False)["input_ids"]
+        return list(ids) + [self.eos_id] * add_eos
 
     def decode(self, ids: Sequence[int] | Integer[np.ndarray, " L"]) -> str:
         """Text of `ids` up to the first EOS, without special tokens.

@@ -10,6 +10,15 @@ Sources:
   alive log-prob divided by lp(max_length), the most any alive beam can still reach (log-probs
   only fall, and lp grows with length for alpha >= 0).
 
+Options that reproduce Hugging Face's `generate(num_beams=W, length_penalty=alpha)` (transformers
+5, `early_stopping=False`), off by default: `penalty="power"` ranks by log P(Y|X) / |Y|^alpha;
+`stopping="heuristic"` ends a row once its W finished hypotheses all score at least the best
+alive log-prob divided by |Y|^alpha at the current length (a heuristic, not a bound: a done row
+takes no new hypotheses), and at max_length the top W candidates of the last step count as
+finished whether or not they end in EOS; `forbidden_ids` are never generated (their logits are
+masked before the log-softmax, as `bad_words_ids` with `renormalize_logits`); `force_eos` makes
+the last position EOS (`forced_eos_token_id`).
+
 |Y| counts the generated tokens, EOS included (BOS excluded). The encoder runs once per source;
 its cached keys/values are tiled to the W beams of the source (rows b * W + i), and every step
 reorders the cache along the batch axis to follow the surviving beams.
@@ -29,9 +38,31 @@ from tfjax.nn.attention import cache as kv_cache
 NEG = -1.0e7
 
 
-def length_penalty(length: Any, alpha: float) -> Any:
-    """GNMT length penalty ((5 + length) / 6)^alpha (Wu et al. 2016, §7); length >= 1."""
-    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+PENALTIES = ("gnmt", "power")
+STOPPINGS = ("bound", "heuristic")
+
+
+def length_penalty(length: Any, alpha: float, form: str = "gnmt") -> Any:
+    """GNMT length penalty ((5 + length) / 6)^alpha (Wu et al. 2016, §7), or length^alpha for
+    `form="power"` (Hugging Face's `length_penalty`); length >= 1."""
+    length = jnp.asarray(length, jnp.float32)
+    return length**alpha if form == "power" else ((5.0 + length) / 6.0) ** alpha
+
+
+class Rules(NamedTuple):
+    """How hypotheses are scored and when the search stops (see the module docstring)."""
+
+    alpha: float = 0.6
+    penalty: str = "gnmt"
+    stopping: str = "bound"
+    forbidden_ids: tuple[int, ...] = ()
+    force_eos: bool = False
+
+    def score(self, log_probs: Any, length: Any) -> Any:
+        return log_probs / length_penalty(length, self.alpha, self.penalty)
+
+
+DEFAULT_RULES = Rules()
 
 
 class BeamState(NamedTuple):
@@ -45,6 +76,7 @@ class BeamState(NamedTuple):
     finished_flags: Bool[Array, "B W"]  # False: an empty slot (score NEG)
     cache: Any  # rows b * W + i
     logits: Float[Array, "BW V"]  # next-token logits of every alive beam
+    done: Bool[Array, " B"] | None = None  # stopping="heuristic": rows that take no more
 
 
 def _gather(x: Array, indices: Array) -> Array:
@@ -92,12 +124,15 @@ def _tile_cache(cache: Any, beam_size: int) -> Any:
     return jax.tree_util.tree_map_with_path(tile, cache)
 
 
-def _merge_finished(state: BeamState, seqs, log_probs, is_eos, alpha: float):
-    """Adds EOS candidates ranked in the top W of this step to the finished pool; keeps W."""
+def _merge_finished(state: BeamState, seqs, log_probs, is_final, rules: Rules):
+    """Adds the candidates that end here (EOS, or max_length reached with stopping="heuristic")
+    and rank in the top W of this step to the finished pool; keeps the W best."""
     w = state.finished_scores.shape[1]
     rank_ok = jnp.arange(seqs.shape[1]) < w  # [2W]
-    ok = is_eos & rank_ok & (log_probs > NEG / 2)  # [B, 2W]
-    scores = jnp.where(ok, log_probs / length_penalty(state.t + 1, alpha), NEG)
+    ok = is_final & rank_ok & (log_probs > NEG / 2)  # [B, 2W]
+    if state.done is not None:
+        ok = ok & ~state.done[:, None]  # a done row takes no more (stopping="heuristic")
+    scores = jnp.where(ok, rules.score(log_probs, state.t + 1), NEG)
     all_scores = jnp.concatenate([state.finished_scores, scores], axis=1)  # [B, 3W]
     all_flags = jnp.concatenate([state.finished_flags, ok], axis=1)
     all_seqs = jnp.concatenate([state.finished_seqs, seqs], axis=1)  # [B, 3W, L]
@@ -106,7 +141,7 @@ def _merge_finished(state: BeamState, seqs, log_probs, is_eos, alpha: float):
 
 
 def beam_step(
-    state: BeamState, *, eos_id: int, alpha: float
+    state: BeamState, *, eos_id: int, rules: Rules = DEFAULT_RULES
 ) -> tuple[BeamState, Int[Array, "B W"], Int[Array, "B W"]]:
     """Selects the next W alive beams and updates the finished pool (pure; no model call).
 
@@ -114,9 +149,16 @@ def beam_step(
       (state with t + 1 and without cache/logits updates, parent beam [B, W] of each new alive
       beam, its new token [B, W]).
     """
-    b, w, _ = state.alive_seqs.shape
-    log_probs = jax.nn.log_softmax(state.logits.astype(jnp.float32), axis=-1)
-    log_probs = log_probs.reshape(b, w, -1)  # [B, W, V]
+    b, w, max_length = state.alive_seqs.shape
+    logits = decoding.restrict_logits(
+        state.logits,
+        state.t,
+        max_length=max_length,
+        eos_id=eos_id,
+        forbidden_ids=rules.forbidden_ids,
+        force_eos=rules.force_eos,
+    )
+    log_probs = jax.nn.log_softmax(logits, axis=-1).reshape(b, w, -1)  # [B, W, V]
     vocab = log_probs.shape[-1]
     candidates = (state.alive_log_probs[:, :, None] + log_probs).reshape(b, w * vocab)
     top_lp, top_index = jax.lax.top_k(candidates, 2 * w)  # [B, 2W]
@@ -124,8 +166,11 @@ def beam_step(
     seqs = _gather(state.alive_seqs, parent)  # [B, 2W, L]
     seqs = jax.lax.dynamic_update_slice(seqs, token[:, :, None], (0, 0, state.t))
     is_eos = token == eos_id
+    is_final = is_eos
+    if rules.stopping == "heuristic":  # at max_length every candidate ends (Hugging Face)
+        is_final = is_eos | (state.t + 1 >= max_length)
     alive_lp, keep = jax.lax.top_k(jnp.where(is_eos, NEG, top_lp), w)  # [B, W]
-    fin_seqs, fin_scores, fin_flags = _merge_finished(state, seqs, top_lp, is_eos, alpha)
+    fin_seqs, fin_scores, fin_flags = _merge_finished(state, seqs, top_lp, is_final, rules)
     new_state = state._replace(
         t=state.t + 1,
         alive_seqs=_gather(seqs, keep),
@@ -134,26 +179,47 @@ def beam_step(
         finished_scores=fin_scores,
         finished_flags=fin_flags,
     )
+    if rules.stopping == "heuristic":
+        new_state = new_state._replace(done=_heuristic_done(new_state, rules))
     return new_state, _gather(parent, keep), _gather(token, keep)
 
 
-def should_continue(state: BeamState, *, max_length: int, alpha: float) -> Bool[Array, ""]:
+def _heuristic_done(state: BeamState, rules: Rules) -> Bool[Array, " B"]:
+    """Rows done under Hugging Face's `early_stopping=False` rule: every finished slot full and
+    none worse than the best alive log-prob scored at the current length t (done stays done)."""
+    best_alive = rules.score(state.alive_log_probs[:, 0], jnp.maximum(state.t, 1))  # [B]
+    worst_finished = jnp.min(state.finished_scores, axis=1)  # [B]
+    full = jnp.all(state.finished_flags, axis=1)
+    return state.done | (full & ~(best_alive > worst_finished))
+
+
+def should_continue(
+    state: BeamState,
+    *,
+    max_length: int,
+    alpha: float,
+    penalty: str = "gnmt",
+    stopping: str = "bound",
+) -> Bool[Array, ""]:
     """Whether some row can still improve its finished pool (and t < max_length)."""
-    best_alive = state.alive_log_probs[:, 0] / length_penalty(max_length, alpha)  # [B]
+    if stopping == "heuristic":
+        return (state.t < max_length) & ~jnp.all(state.done)
+    best_alive = state.alive_log_probs[:, 0] / length_penalty(max_length, alpha, penalty)  # [B]
     worst_finished = jnp.min(state.finished_scores, axis=1)  # NEG while a slot is empty
     done = jnp.all(state.finished_flags, axis=1) & (worst_finished >= best_alive)
     return (state.t < max_length) & ~jnp.all(done)
 
 
 def finalise(
-    state: BeamState, *, num_return: int, alpha: float
+    state: BeamState, *, num_return: int, alpha: float, penalty: str = "gnmt"
 ) -> tuple[Int[Array, "B n L"], Float[Array, "B n"]]:
     """The n best finished hypotheses, best first; rows with fewer get the best alive ones."""
     num_finished = jnp.sum(state.finished_flags, axis=1)[:, None]  # [B, 1]
     slot = jnp.arange(num_return)[None, :]  # [1, n]
     use_finished = slot < num_finished  # [B, n]
     alive_slot = jnp.clip(slot - num_finished, 0, state.alive_seqs.shape[1] - 1)  # [B, n]
-    alive_scores = state.alive_log_probs / length_penalty(jnp.maximum(state.t, 1), alpha)
+    lp = length_penalty(jnp.maximum(state.t, 1), alpha, penalty)
+    alive_scores = state.alive_log_probs / lp
     seqs = jnp.where(
         use_finished[:, :, None],
         state.finished_seqs[:, :num_return],
@@ -167,11 +233,16 @@ def finalise(
     return seqs, scores
 
 
-def _check_options(beam_size: int, alpha: float, num_return: int) -> None:
+def _check_options(beam_size: int, rules: Rules, num_return: int) -> None:
     if beam_size < 1 or not 1 <= num_return <= beam_size:
         raise ValueError(f"need 1 <= num_return <= beam_size, got {num_return}, {beam_size}")
-    if alpha < 0.0:
-        raise ValueError(f"alpha must be >= 0 (the stopping bound needs it), got {alpha}")
+    if rules.penalty not in PENALTIES or rules.stopping not in STOPPINGS:
+        raise ValueError(
+            f"penalty must be one of {PENALTIES} and stopping one of {STOPPINGS}, got "
+            f"{rules.penalty!r}, {rules.stopping!r}"
+        )
+    if rules.alpha < 0.0 and rules.stopping == "bound":
+        raise ValueError(f"alpha must be >= 0 (the stopping bound needs it), got {rules.alpha}")
 
 
 def _initial_state(logits: Array, cache: Any, beam_size: int, max_length: int) -> BeamState:
@@ -187,6 +258,7 @@ def _initial_state(logits: Array, cache: Any, beam_size: int, max_length: int) -
         finished_flags=jnp.zeros((b, w), bool),
         cache=_tile_cache(cache, w),
         logits=_tile(logits, w),  # [B * W, V]
+        done=jnp.zeros((b,), bool),
     )
 
 
@@ -221,10 +293,10 @@ def _start_search(
 
 
 def _advance(
-    state: BeamState, step_fn: decoding.StepFn, *, eos_id: int, alpha: float, max_length: int
+    state: BeamState, step_fn: decoding.StepFn, *, eos_id: int, rules: Rules, max_length: int
 ) -> BeamState:
     """One loop iteration: `beam_step`, then the kept tokens through the reordered cache."""
-    state, parent, token = beam_step(state, eos_id=eos_id, alpha=alpha)
+    state, parent, token = beam_step(state, eos_id=eos_id, rules=rules)
     cache = reorder_cache(state.cache, parent)
     t = state.t - 1  # the step just taken (beam_step has counted it)
     logits, cache = decoding.next_step(
@@ -245,6 +317,10 @@ def beam_search(
     eos_id: int,
     num_return: int = 1,
     bos_id: int | None = None,
+    penalty: str = "gnmt",
+    stopping: str = "bound",
+    forbidden_ids: tuple[int, ...] = (),
+    force_eos: bool = False,
 ) -> tuple[Int[Array, "B n L"], Float[Array, "B n"]]:
     """Beam search translation with an encoder-decoder model and the KV cache.
 
@@ -257,6 +333,11 @@ def beam_search(
       eos_id: ends a hypothesis; positions after it are 0.
       num_return: n <= W hypotheses to return per source.
       bos_id: first decoder input; None = `model.config.bos_id`.
+      penalty: "gnmt" ((5 + |Y|) / 6)^alpha or "power" |Y|^alpha (`PENALTIES`).
+      stopping: "bound" (exact: no alive beam can still enter the finished pool) or
+        "heuristic" (Hugging Face's `early_stopping=False`; see the module docstring).
+      forbidden_ids: tokens never generated (Hugging Face's single-token `bad_words_ids`).
+      force_eos: the last position (L - 1) is EOS (Hugging Face's `forced_eos_token_id`).
 
     Returns:
       (int32 [B, n, L] hypotheses, float32 [B, n] scores log P(Y|X) / lp(|Y|)), finished
@@ -266,7 +347,8 @@ def beam_search(
       ValueError: for another model kind or bad options.
     """
     decoding.check_model(model, ("encoder_decoder",), max_length)
-    _check_options(beam_size, alpha, num_return)
+    rules = Rules(alpha, penalty, stopping, tuple(forbidden_ids), force_eos)
+    _check_options(beam_size, rules, num_return)
     state, step_fn = _start_search(
         model,
         params,
@@ -277,11 +359,13 @@ def beam_search(
         bos_id=bos_id,
     )
     state = jax.lax.while_loop(
-        lambda state: should_continue(state, max_length=max_length, alpha=alpha),
-        lambda state: _advance(state, step_fn, eos_id=eos_id, alpha=alpha, max_length=max_length),
+        lambda state: should_continue(
+            state, max_length=max_length, alpha=alpha, penalty=penalty, stopping=stopping
+        ),
+        lambda state: _advance(state, step_fn, eos_id=eos_id, rules=rules, max_length=max_length),
         state,
     )
-    return finalise(state, num_return=num_return, alpha=alpha)
+    return finalise(state, num_return=num_return, alpha=alpha, penalty=penalty)
 
 
 def sequence_log_prob(

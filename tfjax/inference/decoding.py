@@ -235,6 +235,28 @@ def sample_logits(
     return jax.random.categorical(rng, scaled, axis=-1).astype(jnp.int32)
 
 
+def restrict_logits(
+    logits: Float[Array, "B V"],
+    t: Array | int,
+    *,
+    max_length: int,
+    eos_id: int,
+    forbidden_ids: tuple[int, ...] = (),
+    force_eos: bool = False,
+) -> Float[Array, "B V"]:
+    """float32 logits of position t with `forbidden_ids` filtered out and, when `force_eos`, only
+    EOS left at the last position (t = max_length - 1). The options reproduce Hugging Face's
+    single-token `bad_words_ids` and `forced_eos_token_id`; off, the logits are unchanged."""
+    logits = logits.astype(jnp.float32)
+    vocab = jnp.arange(logits.shape[-1])  # [V]
+    if forbidden_ids:
+        logits = jnp.where(jnp.isin(vocab, jnp.asarray(forbidden_ids)), FILTERED, logits)
+    if force_eos:
+        last = jnp.asarray(t) >= max_length - 1
+        logits = jnp.where(last & (vocab != eos_id), FILTERED, logits)
+    return logits
+
+
 def make_choose_fn(
     *, temperature: float, top_k: int, top_p: float, rng: Array | None
 ) -> Callable[[Array, Array], Array]:
@@ -392,6 +414,8 @@ def generate(
     top_p: float = 1.0,
     rng: Array | None = None,
     bos_id: int | None = None,
+    forbidden_ids: tuple[int, ...] = (),
+    force_eos: bool = False,
     lengths: Int[Array, " B"] | None = None,
 ) -> Int[Array, "B L"]:
     """Greedy or sampled generation with the KV cache.
@@ -409,6 +433,8 @@ def generate(
       top_k, top_p: sampling filters (`filter_top_k`, `filter_top_p`); 0 and 1.0 = off.
       rng: PRNG key, required when sampling; step t uses `jax.random.fold_in(rng, t)`.
       bos_id: first decoder input; None = `model.config.bos_id` (as in training).
+      forbidden_ids, force_eos: tokens never chosen, and EOS at the last position
+        (`restrict_logits`; prompt tokens are forced as given).
       lengths: [B] oracle output lengths (encoder-decoder): row b gets EOS exactly at position
         lengths[b] (< L) and nowhere before, the model choosing every other token. A decoding
         aid for analyses of length generalisation (Newman et al. 2020, "The EOS Decision and
@@ -421,11 +447,8 @@ def generate(
       ValueError: for a bad option, missing or extra inputs/prompts, or another model kind.
     """
     kind = check_model(model, ("encoder_decoder", "decoder_only"), max_length)
-    choose = make_choose_fn(temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)
-    if lengths is not None:
-        if kind != "encoder_decoder":
-            raise ValueError("lengths (oracle output lengths) is for encoder-decoder models")
-        choose = _with_lengths(choose, lengths, eos_id)
+    if lengths is not None and kind != "encoder_decoder":
+        raise ValueError("lengths (oracle output lengths) is for encoder-decoder models")
     _check_sampling(temperature, top_k, top_p, rng)
     _check_generate_inputs(kind, inputs, prompts)
     step_fn, cache, logits = _start_generation(
@@ -437,6 +460,19 @@ def generate(
         inputs_segment_ids=inputs_segment_ids,
         prompts=prompts,
     )
+    choose = make_choose_fn(temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)
+    if forbidden_ids or force_eos:
+        unrestricted = choose
+        restrict = functools.partial(
+            restrict_logits,
+            max_length=max_length,
+            eos_id=eos_id,
+            forbidden_ids=tuple(forbidden_ids),
+            force_eos=force_eos,
+        )
+        choose = lambda logits, t: unrestricted(restrict(logits, t), t)  # noqa: E731
+    if lengths is not None:
+        choose = _with_lengths(choose, lengths, eos_id)
     return decode_loop(
         step_fn,
         cache,

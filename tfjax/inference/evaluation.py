@@ -152,7 +152,15 @@ def token_accuracy(
     return float(np.sum((np.asarray(predictions) == np.asarray(targets)) & valid) / valid.sum())
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_length", "eos_id"))
+# Search options beside beam_size and alpha (`beam_search.beam_search`); greedy decoding takes
+# the last two.
+SEARCH_OPTIONS = ("penalty", "stopping", "forbidden_ids", "force_eos")
+_GREEDY_OPTIONS = ("forbidden_ids", "force_eos")
+
+
+@functools.partial(
+    jax.jit, static_argnames=("model", "beam_size", "alpha", "max_length", "eos_id", "search")
+)
 def _decode_best(
     params: Any,
     inputs: Int[Array, "B S"],
@@ -163,11 +171,14 @@ def _decode_best(
     alpha: float,
     max_length: int,
     eos_id: int,
+    search: tuple = (),
     lengths: Int[Array, " B"] | None = None,
 ) -> Int[Array, "B L"]:
     """The best hypothesis per source; jit caches one program per model, options and shape."""
     options = dict(max_length=max_length, eos_id=eos_id, bos_id=model.config.bos_id)
+    search = dict(search)
     if beam_size == 1:
+        greedy = {k: v for k, v in search.items() if k in _GREEDY_OPTIONS}
         return decoding.generate(
             model,
             params,
@@ -175,6 +186,7 @@ def _decode_best(
             inputs_segment_ids=inputs_segment_ids,
             lengths=lengths,
             **options,
+            **greedy,
         )
     if lengths is not None:
         raise ValueError("oracle lengths are for greedy decoding (beam_size 1)")
@@ -187,11 +199,30 @@ def _decode_best(
         alpha=alpha,
         num_return=1,
         **options,
+        **search,
     )  # [B, 1, L]
     return tokens[:, 0]  # [B, L]
 
 
-def make_decoder(run: Any, *, beam_size: int = 1, alpha: float = 0.6, max_length: int) -> Decoder:
+def _search_key(search: dict | None) -> tuple:
+    """`search` as a hashable jit argument (lists become tuples); unknown keys are refused."""
+    search = dict(search or {})
+    unknown = sorted(set(search) - set(SEARCH_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown search options {unknown}: choose from {SEARCH_OPTIONS}")
+    return tuple(
+        sorted((k, tuple(v) if isinstance(v, list | tuple) else v) for k, v in search.items())
+    )
+
+
+def make_decoder(
+    run: Any,
+    *,
+    beam_size: int = 1,
+    alpha: float = 0.6,
+    max_length: int,
+    search: dict | None = None,
+) -> Decoder:
     """A jitted decoder for the seq2seq model of `run`.
 
     Args:
@@ -200,6 +231,8 @@ def make_decoder(run: Any, *, beam_size: int = 1, alpha: float = 0.6, max_length
             beams and keeps the best hypothesis.
         alpha: the beam search length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016).
         max_length: L, the target positions to produce (EOS included).
+        search: more `beam_search.beam_search` options (`SEARCH_OPTIONS`), e.g. a converted
+            checkpoint's (`tfjax.runs.pretrained.decoding_defaults`); None: the defaults.
 
     Returns:
         `decode(params, inputs, inputs_segment_ids, lengths=None) -> tokens`: inputs and
@@ -221,6 +254,7 @@ def make_decoder(run: Any, *, beam_size: int = 1, alpha: float = 0.6, max_length
         alpha=alpha,
         max_length=max_length,
         eos_id=run.examples.tokenizer.eos_id,
+        search=_search_key(search),
     )
 
 
@@ -241,6 +275,7 @@ def _decode_batches(
     alpha: float,
     max_length: int | None,
     batch_size: int,
+    search: dict | None = None,
     oracle_length: bool = False,
 ) -> Iterator[tuple[pipeline.Example, np.ndarray]]:
     """Yields (batch without its padding rows, their decoded tokens [B', L]) in example order.
@@ -252,7 +287,7 @@ def _decode_batches(
     if oracle_length and beam_size != 1:
         raise ValueError(f"oracle lengths are for greedy decoding, got beam_size {beam_size}")
     length = max_length or run.config.data.max_target_len
-    decode = make_decoder(run, beam_size=beam_size, alpha=alpha, max_length=length)
+    decode = make_decoder(run, beam_size=beam_size, alpha=alpha, max_length=length, search=search)
     dataset = pipeline.make_dataset(
         examples,
         batch_size=min(batch_size, len(examples)),
@@ -288,6 +323,7 @@ def decode_dataset(
     batch_size: int = 64,
     max_examples: int = 0,
     max_length: int | None = None,
+    search: dict | None = None,
     oracle_length: bool = False,
 ) -> tuple[list[str], list[str], list[str]]:
     """Decodes the eval examples of a seq2seq run and detokenizes them.
@@ -299,6 +335,7 @@ def decode_dataset(
         batch_size: sources per decoding call (the last batch is padded).
         max_examples: decode only the first N examples (0 = all).
         max_length: target positions to produce (default: `config.data.max_target_len`).
+        search: more search options (`make_decoder`).
         oracle_length: greedy decoding that ends each hypothesis where its reference ends
             (`decoding.generate`'s `lengths`): an analysis aid, not a result to report alone.
 
@@ -324,6 +361,7 @@ def decode_dataset(
         alpha=alpha,
         max_length=max_length,
         batch_size=batch_size,
+        search=search,
         oracle_length=oracle_length,
     ):
         hypotheses += [decode(row) for row in tokens]
@@ -343,11 +381,12 @@ def decode_sources(
     alpha: float = 0.6,
     batch_size: int = 64,
     max_length: int | None = None,
+    search: dict | None = None,
 ) -> list[str]:
     """Decodes encoded sources with the seq2seq model of `run`; returns detokenized outputs.
 
     Args:
-        run, params, beam_size, alpha, batch_size, max_length: as in `decode_dataset`.
+        run, params, beam_size, alpha, batch_size, max_length, search: as in `decode_dataset`.
         sources: token ids of each source, EOS included, each 1 to `config.data.max_source_len`
             ids long (truncate longer ones first).
 
@@ -382,6 +421,7 @@ def decode_sources(
         alpha=alpha,
         max_length=max_length,
         batch_size=batch_size,
+        search=search,
     ):
         outputs += [decode(row) for row in tokens]
     return outputs

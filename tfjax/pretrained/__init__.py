@@ -10,7 +10,7 @@ writes: `config.json`, the weights (`model.safetensors`, shards, or `pytorch_mod
 tokenizer's files. Nothing is downloaded. Each family has one module with its `ModelConfig`
 mapping and its explicit weight table (`checkpoint.Entry` rows): `gpt2` (decoder-only), `bert`
 (encoder-only, masked-LM or classification head; BertForPreTraining loads as masked-LM), `t5`
-(encoder-decoder, v1.0 and v1.1). The
+(encoder-decoder, v1.0 and v1.1), `marian` (encoder-decoder translation, OPUS-MT). The
 conversion checks every tensor: a checkpoint of another architecture, a missing, unknown or
 misshapen tensor, or a config option the model cannot compute is a one-line
 `tfjax.errors.ConversionError` naming it. `transformers` is needed for the tokenizer and
@@ -28,9 +28,9 @@ import numpy as np
 from tfjax import errors, models
 from tfjax.data import pretrained_tokenizer
 from tfjax.nn import stacking
-from tfjax.pretrained import bert, checkpoint, gpt2, t5
+from tfjax.pretrained import bert, checkpoint, gpt2, marian, t5
 
-FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert, t5)}
+FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (gpt2, bert, t5, marian)}
 
 read_hf_config = checkpoint.read_config
 

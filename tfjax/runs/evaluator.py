@@ -109,10 +109,13 @@ def _hypotheses(run: build.Run, predictions: list[np.ndarray], count: int) -> li
 EVAL_FILE = "eval.json"
 
 
-def _check_options(beam_size: int, alpha: float, max_examples: int, batch_size: int) -> None:
-    if beam_size < 1:
+def _check_options(
+    beam_size: int | None, alpha: float | None, max_examples: int, batch_size: int
+) -> None:
+    """None: the workdir's default (`workdir.Trained.search_options`)."""
+    if beam_size is not None and beam_size < 1:
         raise workdir_lib.WorkdirError(f"beam_size must be >= 1 (1 = greedy), got {beam_size}")
-    if alpha < 0:
+    if alpha is not None and alpha < 0:
         raise workdir_lib.WorkdirError(f"alpha must be >= 0, got {alpha}")
     if max_examples < 0:
         raise workdir_lib.WorkdirError(f"max_examples must be >= 0 (0 = all), got {max_examples}")
@@ -154,8 +157,8 @@ def evaluate_workdir(
     workdir: str | pathlib.Path,
     *,
     split: str | None = None,
-    beam_size: int = 4,
-    alpha: float = 0.6,
+    beam_size: int | None = None,
+    alpha: float | None = None,
     step: int | None = None,
     max_examples: int = 0,
     batch_size: int = 64,
@@ -166,7 +169,8 @@ def evaluate_workdir(
     """Evaluates the run in `workdir` on a split; writes and returns the record.
 
     Seq2seq runs: decodes the split (greedy for beam_size 1, else beam search with length
-    penalty `alpha`) and scores the detokenized hypotheses with sacreBLEU BLEU and chrF and exact
+    penalty `alpha`; None: the workdir's defaults, a converted checkpoint's own) and scores the
+    detokenized hypotheses with sacreBLEU BLEU and chrF and exact
     match, beside the teacher-forced metrics of `evaluate`. Other runs: the teacher-forced
     metrics; text-stream LMs also `sampled_nll` over `sample_windows` random windows. The record
     goes to `workdir/eval.json` and `workdir/eval/<split>_step<N>[_avgK][_beamB][_oracle].json`.
@@ -177,10 +181,12 @@ def evaluate_workdir(
         WorkdirError: for invalid options, or a workdir without a trained run.
     """
     _check_options(beam_size, alpha, max_examples, batch_size)
-    if oracle_length and beam_size != 1:
-        raise workdir_lib.WorkdirError(
-            f"oracle lengths are for greedy decoding: pass beam_size 1, not {beam_size}"
-        )
+    if oracle_length:
+        if beam_size not in (None, 1):
+            raise workdir_lib.WorkdirError(
+                f"oracle lengths are for greedy decoding: pass beam_size 1, not {beam_size}"
+            )
+        beam_size = 1
     trained = workdir_lib.load(
         workdir, tool="experiments.evaluate", step=step, split=split, average_last=average_last
     )
@@ -193,14 +199,15 @@ def evaluate_workdir(
         record["averaged_checkpoints"] = average_last
         name += f"_avg{average_last}"
     if trained.run.examples.format == "seq2seq":
-        name += f"_beam{beam_size}" + ("_oracle" if oracle_length else "")
+        # None: the workdir's defaults (a converted checkpoint's own decoding, else 4 and 0.6)
+        options = trained.search_options(beam_size, alpha, None)
+        name += f"_beam{options['beam_size']}" + ("_oracle" if oracle_length else "")
         scores["teacher_forced_exact_match"] = scores.pop("exact_match")
-        record.update(beam_size=beam_size, alpha=alpha)
+        record.update(beam_size=options["beam_size"], alpha=options["alpha"])
         if oracle_length:
             record["oracle_length"] = True
-        options = dict(beam_size=beam_size, alpha=alpha, max_examples=max_examples)
-        options["oracle_length"] = oracle_length
-        record.update(_decoded_scores(trained, name, batch_size=batch_size, **options))
+        options.update(max_examples=max_examples, batch_size=batch_size)
+        record.update(_decoded_scores(trained, name, oracle_length=oracle_length, **options))
     record.update(_sampled_windows(trained, sample_windows))
     record.update(scores)
     text = json.dumps(record, indent=2) + "\n"
@@ -225,8 +232,8 @@ def evaluate_files(
     source_file: str | pathlib.Path,
     reference_file: str | pathlib.Path,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
+    beam_size: int | None = None,
+    alpha: float | None = None,
     step: int | None = None,
     max_examples: int = 0,
     batch_size: int = 64,
@@ -264,6 +271,8 @@ def evaluate_files(
         step=step,
         average_last=average_last,
     )
+    options = translator.search_options(beam_size, alpha, None)  # None: the workdir's
+    beam_size, alpha = options["beam_size"], options["alpha"]
     hypotheses, warnings = translator.translate(
         sources, beam_size=beam_size, alpha=alpha, batch_size=batch_size
     )

@@ -30,6 +30,9 @@ from tfjax.runs import build
 from tfjax.training import checkpointing, steps
 
 HF_CONFIG_FILE = "hf_config.json"  # the converted checkpoint's config.json
+# How the checkpoint decodes (its generation_config.json in tfjax's search options): the
+# defaults of `experiments.translate` and `evaluate` on the workdir (`decoding_defaults`).
+DECODING_FILE = "hf_decoding.json"
 # Model fields a run started from a pretrained model may set its own way.
 RUN_FIELDS = ("model.dropout_rate", "model.attention_dropout_rate", *build.LAYOUT_KEYS)
 RUN_FIELDS += ("model.dtype", "model.param_dtype", "model.attention_impl")
@@ -78,10 +81,26 @@ def convert(
     workdir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(workdir / datasets.DIRECTORY)
     shutil.copyfile(hf_dir / "config.json", workdir / HF_CONFIG_FILE)
+    _write_decoding(hf_dir, workdir)
     run = build.build(config, workdir)
     _save_step0(run, workdir, params)
     (workdir / "config.json").write_text(json.dumps(build.config_dict(config), indent=2))
     return config
+
+
+def _write_decoding(hf_dir: pathlib.Path, workdir: pathlib.Path) -> None:
+    """Writes `DECODING_FILE` for families that decode their own way (Marian)."""
+    hf_config = pretrained.read_hf_config(hf_dir)
+    options = getattr(pretrained.family(hf_config), "decoding_options", None)
+    if options is not None:
+        text = json.dumps(options(hf_dir, hf_config), indent=2) + "\n"
+        (workdir / DECODING_FILE).write_text(text, encoding="utf-8")
+
+
+def decoding_defaults(workdir: str | pathlib.Path) -> dict:
+    """The decoding options a converted workdir was given (`DECODING_FILE`; {} for others)."""
+    path = pathlib.Path(workdir) / DECODING_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def _save_step0(run: build.Run, workdir: pathlib.Path, params: dict) -> None:
@@ -155,6 +174,10 @@ def prepare_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) ->
     hf_config = source / ("config.json" if hf else HF_CONFIG_FILE)
     if hf_config.is_file() and not (workdir / HF_CONFIG_FILE).exists():
         shutil.copyfile(hf_config, workdir / HF_CONFIG_FILE)
+    if hf and not (workdir / DECODING_FILE).exists():
+        _write_decoding(source, workdir)
+    elif (source / DECODING_FILE).is_file() and not (workdir / DECODING_FILE).exists():
+        shutil.copyfile(source / DECODING_FILE, workdir / DECODING_FILE)
     target = workdir / datasets.DIRECTORY
     if config.data.tokenizer != "pretrained" or target.exists():
         return

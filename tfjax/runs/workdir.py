@@ -124,6 +124,29 @@ class Trained:
     def tokenizer(self) -> tokenizers.Tokenizer:
         return self.run.examples.tokenizer
 
+    @property
+    def decoding(self) -> dict:
+        """The decoding options of a converted checkpoint (beam_size, alpha, max_length and
+        `evaluation.SEARCH_OPTIONS`; `tfjax.runs.pretrained.decoding_defaults`), {} for others."""
+        from tfjax.runs import pretrained
+
+        return pretrained.decoding_defaults(self.workdir)
+
+    def search_options(
+        self, beam_size: int | None, alpha: float | None, max_length: int | None
+    ) -> dict:
+        """beam_size, alpha, max_length and `search` for `evaluation`: the given values, else
+        the workdir's `decoding` (a converted checkpoint's), else 4, 0.6 and the trained
+        length `data.max_target_len`. A checkpoint's max_length is capped at the trained
+        length (OPUS-MT's 511 would size the cache for nothing; pass max_length for more)."""
+        defaults, trained = self.decoding, self.config.data.max_target_len
+        return {
+            "beam_size": defaults.get("beam_size", 4) if beam_size is None else beam_size,
+            "alpha": defaults.get("alpha", 0.6) if alpha is None else alpha,
+            "max_length": max_length or min(defaults.get("max_length", trained), trained),
+            "search": {k: v for k, v in defaults.items() if k in evaluation.SEARCH_OPTIONS},
+        }
+
     def detokenize(self, ids: Sequence[int] | np.ndarray) -> str:
         """Text of token ids; decoding stops at the first EOS (any tokenizer kind)."""
         return self.tokenizer.decode(ids)
@@ -221,20 +244,25 @@ class Translator(Trained):
         self,
         sources: Sequence[Sequence[int]],
         *,
-        beam_size: int = 4,
-        alpha: float = 0.6,
+        beam_size: int | None = None,
+        alpha: float | None = None,
         max_length: int | None = None,
         batch_size: int = 64,
     ) -> list[str]:
-        """Detokenized translations of encoded sources (see `evaluation.decode_sources`)."""
-        if beam_size < 1 or batch_size < 1:
+        """Detokenized translations of encoded sources (see `evaluation.decode_sources`).
+
+        Options left None take the workdir's (`search_options`): a converted checkpoint
+        decodes as its generation_config.json says, other runs with beam 4 and alpha 0.6.
+        """
+        options = self.search_options(beam_size, alpha, max_length)
+        if options["beam_size"] < 1 or batch_size < 1:
             raise WorkdirError(
-                f"beam_size and batch_size must be >= 1, got {beam_size}, {batch_size}"
+                f"beam_size and batch_size must be >= 1, got {options['beam_size']}, {batch_size}"
             )
-        length = max_length or self.config.data.max_target_len
-        self.check_length(length)
-        options = dict(beam_size=beam_size, alpha=alpha, max_length=length, batch_size=batch_size)
-        return evaluation.decode_sources(self.run, self.params, sources, **options)
+        self.check_length(options["max_length"])
+        return evaluation.decode_sources(
+            self.run, self.params, sources, batch_size=batch_size, **options
+        )
 
     def translate(self, lines: Sequence[str], **options) -> tuple[list[str], list[str]]:
         """One output per line, in order ("" for a blank line), and the warnings of `encode`.
