@@ -347,6 +347,22 @@ def test_check_compatible_ignores_the_given_keys_present_or_absent():
         checkpointing.check_compatible(CONFIG, now, ignore=("model.remat",))
 
 
+def test_check_compatible_takes_keys_added_since_the_checkpoint_at_their_default():
+    # A checkpoint from before `final_dropout` existed resumes while the run leaves it off...
+    defaults = {"final_dropout": False, "num_layers": 6}
+    now = {**CONFIG, "model": {**CONFIG["model"], "final_dropout": False}}
+    checkpointing.check_compatible(CONFIG, now, defaults=defaults)
+    with pytest.raises(ValueError, match=r"model\.final_dropout: saved <absent>, now false"):
+        checkpointing.check_compatible(CONFIG, now)  # (without the defaults: refused)
+    # ...and is refused when the run turns it on, or when a saved key differs.
+    on = {**CONFIG, "model": {**CONFIG["model"], "final_dropout": True}}
+    with pytest.raises(ValueError, match=r"model\.final_dropout: saved false, now true"):
+        checkpointing.check_compatible(CONFIG, on, defaults=defaults)
+    other = {**now, "model": {**now["model"], "num_layers": 6}}
+    with pytest.raises(ValueError, match=r"model\.num_layers: saved 2, now 6"):
+        checkpointing.check_compatible(CONFIG, other, defaults=defaults)
+
+
 def _transposed(state: TrainState) -> TrainState:
     """Another layout of the same numbers: every 2-D parameter and moment transposed."""
     return jax.tree.map(lambda x: x.T if x.ndim == 2 else x, state)

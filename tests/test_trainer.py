@@ -18,7 +18,7 @@ from experiments import config_utils
 from tfjax import errors
 from tfjax.data import pipeline
 from tfjax.runs import build, lock, trainer
-from tfjax.training import logger, optim
+from tfjax.training import checkpointing, logger, optim
 
 # A run that trains and evaluates in seconds: the `reverse` task on 64 short examples.
 REVERSE = (
@@ -149,6 +149,27 @@ def test_a_workdir_from_another_model_is_refused_and_kept(tmp_path):
         trainer.train_and_evaluate(other, tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
     assert _restore(tmp_path).step == 4
+
+
+def test_a_checkpoint_from_before_a_new_option_resumes_while_the_option_is_off(
+    tmp_path, monkeypatch
+):
+    trainer.train_and_evaluate(_config("configs/base.py:tiny", "train.num_train_steps=4"), tmp_path)
+    read = checkpointing.Checkpointer.saved_configs
+
+    def older(self):  # as written before tfjax had `model.final_dropout`
+        configs = read(self)
+        for config in configs:
+            del config["model"]["final_dropout"]
+        return configs
+
+    monkeypatch.setattr(checkpointing.Checkpointer, "saved_configs", older)
+    longer = _config("configs/base.py:tiny", "train.num_train_steps=6")
+    trainer.train_and_evaluate(longer, tmp_path)
+    assert _restore(tmp_path).step == 6
+    with pytest.raises(ValueError, match=r"model\.final_dropout: saved false, now true"):
+        on = _config("configs/base.py:tiny", "train.num_train_steps=8", "model.final_dropout=true")
+        trainer.train_and_evaluate(on, tmp_path)
 
 
 def test_a_locked_workdir_is_refused_in_one_line_before_anything_is_written(tmp_path):

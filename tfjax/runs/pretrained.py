@@ -208,7 +208,11 @@ def initial_params(config: ml_collections.ConfigDict, run: build.Run) -> Any:
         return params
     saved_config = build.load_config_json(source / "config.json")
     checkpointing.check_compatible(
-        build.config_dict(saved_config), current, section="model", ignore=RUN_FIELDS
+        build.config_dict(saved_config),
+        current,
+        section="model",
+        ignore=RUN_FIELDS,
+        defaults=build.SECTION_DEFAULTS["model"],
     )
     optimizer, _ = build.make_optimizer(saved_config, run.model_config)
     shapes = datasets.train_row_shapes(

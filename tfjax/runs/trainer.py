@@ -57,7 +57,11 @@ def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path
     for saved in checkpointer.saved_configs()[:1]:
         for section in ("model", "data"):
             checkpointing.check_compatible(
-                saved, current, section=section, ignore=build.LAYOUT_KEYS
+                saved,
+                current,
+                section=section,
+                ignore=build.LAYOUT_KEYS,
+                defaults=build.SECTION_DEFAULTS[section],
             )
     restored = checkpointer.restore(
         run.strategy.restore_target(run.abstract_state),

@@ -155,7 +155,11 @@ def _check_same_trials(saved: dict, current: dict, directory) -> None:
     for old, new in zip(saved["trials"], current["trials"], strict=True):
         for section in ("model", "data"):
             checkpointing.check_compatible(
-                old["config"], new["config"], section=section, ignore=build.LAYOUT_KEYS
+                old["config"],
+                new["config"],
+                section=section,
+                ignore=build.LAYOUT_KEYS,
+                defaults=build.SECTION_DEFAULTS[section],
             )
 
 

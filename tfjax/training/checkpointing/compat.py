@@ -14,7 +14,12 @@ _ABSENT = object()  # a config key missing on one side of `check_compatible`
 
 
 def check_compatible(
-    saved_config: dict, config: dict, *, section: str = "model", ignore: Collection[str] = ()
+    saved_config: dict,
+    config: dict,
+    *,
+    section: str = "model",
+    ignore: Collection[str] = (),
+    defaults: dict | None = None,
 ) -> None:
     """Checks that `config[section]` equals the one a checkpoint was written with.
 
@@ -27,6 +32,10 @@ def check_compatible(
         ignore: dotted keys (e.g. "model.scan_layers") that may differ, or be absent on one
             side: settings that change how the same numbers are computed or laid out, which
             restoring converts (see `Checkpointer.restore`'s `convert`).
+        defaults: the section's field defaults (e.g. `dataclasses.asdict(ModelConfig())`): a
+            key the saved config lacks counts as saved at its default. Options added to tfjax
+            after a checkpoint was written are off by default and leave the computation as it
+            was, so such a checkpoint resumes unless the run turns one on.
 
     Raises:
         CheckpointError: (a ValueError) on one line, listing each differing key with its saved
@@ -34,6 +43,8 @@ def check_compatible(
     """
     saved = _flatten(saved_config.get(section, {}), section)
     now = _flatten(config.get(section, {}), section)
+    for key, value in _flatten(defaults or {}, section).items():
+        saved.setdefault(key, value)
     diffs = [
         (key, saved.get(key, _ABSENT), now.get(key, _ABSENT))
         for key in sorted((saved.keys() | now.keys()) - set(ignore))
