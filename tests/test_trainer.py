@@ -172,6 +172,15 @@ def test_a_checkpoint_from_before_a_new_option_resumes_while_the_option_is_off(
         trainer.train_and_evaluate(on, tmp_path)
 
 
+def test_a_config_json_from_before_new_options_loads_with_them_at_their_defaults():
+    tree = build.config_dict(_config("configs/base.py:tiny"))
+    del tree["model"]["final_dropout"], tree["data"]["scan_split"]
+    tree["model"]["num_layers"] = 3
+    loaded = build.load_config_dict(tree)
+    assert loaded.model.final_dropout is False and loaded.data.scan_split == "simple"
+    assert loaded.model.num_layers == 3  # what the file says stays
+
+
 def test_a_locked_workdir_is_refused_in_one_line_before_anything_is_written(tmp_path):
     with lock.WorkdirLock(tmp_path):  # another open file of the lock conflicts like a process
         with pytest.raises(errors.WorkdirLockedError) as info:

@@ -494,3 +494,15 @@ def test_dropout_with_a_traced_rate_draws_the_masks_of_the_static_rate():
         np.testing.assert_allclose(traced[i], flax_masks, rtol=1e-6)
         np.testing.assert_array_equal(drop(rate), flax_masks)
     assert 0.35 < float(np.mean(traced[2] == 0)) < 0.65
+
+
+def test_extract_finds_a_trial_saved_before_new_model_options():
+    full = build.config_dict(config_utils.load_config("configs/base.py:tiny", []))
+    older = json.loads(json.dumps(full))
+    del older["model"]["final_dropout"]  # the sweep ran before the option existed
+    other = json.loads(json.dumps(older))
+    other["seed"] = 7
+    trials = [{"name": "other", "config": other}, {"name": "it", "config": older}]
+    assert vsweep_state._trial_index(trials, full, "w", "d") == 1
+    with pytest.raises(errors.CheckpointError, match="matches none of"):
+        vsweep_state._trial_index(trials[:1], full, "w", "d")

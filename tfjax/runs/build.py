@@ -100,6 +100,11 @@ def load_config_dict(tree: dict) -> ml_collections.ConfigDict:
         config.train.init_from = ""
     if "train" in config and "mlm_rate" not in config.train:  # runs from before MLM training
         config.train.mlm_rate = 0.15
+    for section, defaults in SECTION_DEFAULTS.items():  # options added since: off by default
+        if section in config:
+            for key, value in defaults.items():
+                if key not in config[section]:
+                    config[section][key] = value
     config.lock()
     return config
 

@@ -218,8 +218,8 @@ def extract(directory: str | pathlib.Path, workdir: str | pathlib.Path) -> int:
 
 
 def _trial_index(trials: list[dict], config: dict, workdir, directory) -> int:
-    for index, trial in enumerate(trials):
-        if trial["config"] == config:
+    for index, trial in enumerate(trials):  # fields newer than the sweep at their defaults
+        if build.config_dict(build.load_config_dict(trial["config"])) == config:
             return index
     raise errors.CheckpointError(
         f"{workdir} is not a trial of the sweep checkpointed in {directory} (its config.json "
