@@ -7,8 +7,9 @@ metric is greedy exact match on the whole test split (the final evaluation).
 
 Model (preset `small`, the default): post-LN, d_model 64, 2+2 layers, 4 heads, d_ff 256,
 dropout 0.1, label smoothing 0.1, Adam(0.9, 0.98, 1e-9) with 200 warmup steps and cosine decay
-from 4e-3 to 0 over 1,000 steps of 64 packed rows (about 5 minutes for 3 seeds vectorised on a
-quiet 2-core CPU, plus the final evaluation). `tiny` is for the tests.
+from 4e-3 to 0 over 1,000 steps of 64 packed rows (about 6 minutes for 3 seeds vectorised on a
+quiet 2-core CPU, the final evaluation included; measured for the ALiBi group). `tiny` is
+for the tests.
 
 Sweeps (`python -m experiments.sweep --config=configs/scan_ablation.py --sweep=NAME
 --vectorize`; the three seeds of a setting train as one vectorised program, and the sweep's
