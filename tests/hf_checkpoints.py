@@ -8,8 +8,12 @@ after `pytest.importorskip("transformers")`.
 
 import pathlib
 
+import numpy as np
+import pytest
 import torch
 import transformers
+
+from tfjax import errors, pretrained
 
 TEXTS = [
     "A dog runs across the green field.",
@@ -302,3 +306,20 @@ def edited_copy(directory: pathlib.Path, target: pathlib.Path, *, config=None, t
         tensors(weights) if tensors else weights, str(target / "model.safetensors")
     )
     return target
+
+
+def load_error(directory: pathlib.Path, **kwargs) -> str:
+    """The one-line error `pretrained.load_params(directory, **kwargs)` must raise."""
+    with pytest.raises(errors.UserError) as info:
+        pretrained.load_params(directory, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def assert_same_weights(reloaded: torch.nn.Module, original: torch.nn.Module) -> None:
+    """Every tensor of `original`'s state dict equals `reloaded`'s, exactly (export round trips)."""
+    for name, value in original.state_dict().items():
+        np.testing.assert_array_equal(
+            reloaded.state_dict()[name].numpy(), value.numpy(), err_msg=name
+        )

@@ -111,10 +111,7 @@ def test_gpt2_export_round_trips_through_transformers(gpt2_dir, tmp_path):
     )
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
     assert type(reloaded) is type(hf_model)
-    for name, value in hf_model.state_dict().items():
-        np.testing.assert_array_equal(
-            reloaded.state_dict()[name].numpy(), value.numpy(), err_msg=name
-        )
+    hf_checkpoints.assert_same_weights(reloaded, hf_model)
     targets, segment_ids = _padded_batch(config.vocab_size)
     valid = segment_ids > 0
     np.testing.assert_allclose(
@@ -170,12 +167,7 @@ def test_a_transposed_projection_breaks_parity(gpt2_dir, monkeypatch):
 _copy = hf_checkpoints.edited_copy  # a checkpoint with config.json or weights edited
 
 
-def _load_error(directory, **kwargs) -> str:
-    with pytest.raises(errors.UserError) as info:
-        pretrained.load_params(directory, **kwargs)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
+_load_error = hf_checkpoints.load_error
 
 
 def test_another_architecture_is_refused(gpt2_dir, tmp_path):
@@ -308,10 +300,7 @@ def test_bert_export_round_trips_through_transformers(bert_dir, tmp_path):
     hf_config = pretrained.read_hf_config(directory)
     pretrained.save(tmp_path, config, params, hf_config=hf_config, tokenizer=tokenizer)
     reloaded = type(hf_model).from_pretrained(str(tmp_path)).eval()
-    for name, value in hf_model.state_dict().items():
-        np.testing.assert_array_equal(
-            reloaded.state_dict()[name].numpy(), value.numpy(), err_msg=name
-        )
+    hf_checkpoints.assert_same_weights(reloaded, hf_model)
     assert tokenizer.encode("a dog runs", add_bos=True, add_eos=True) == (
         transformers.AutoTokenizer.from_pretrained(str(tmp_path)).encode("a dog runs")
     )  # [CLS] ... [SEP]

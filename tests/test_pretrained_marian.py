@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from experiments import config_utils
-from tfjax import errors, models, pretrained
+from tfjax import models, pretrained
 from tfjax.inference import beam_search, decoding
 from tfjax.nn import positional
 from tfjax.pretrained import marian
@@ -267,10 +267,7 @@ def test_marian_export_round_trips_through_transformers(marian_dir, tmp_path):
     hf_config = pretrained.read_hf_config(directory)
     pretrained.save(tmp_path, config, params, hf_config=hf_config, tokenizer=tokenizer)
     reloaded = transformers.MarianMTModel.from_pretrained(str(tmp_path)).eval()
-    for name, value in hf_model.state_dict().items():
-        np.testing.assert_array_equal(
-            reloaded.state_dict()[name].numpy(), value.numpy(), err_msg=name
-        )
+    hf_checkpoints.assert_same_weights(reloaded, hf_model)
     ours, theirs = _both_logits(directory, reloaded, config, params)
     np.testing.assert_allclose(ours, theirs, **TOL)
     text = hf_checkpoints.TARGET_TEXTS[1]
@@ -283,12 +280,7 @@ def test_marian_export_round_trips_through_transformers(marian_dir, tmp_path):
 # Bad input: one line naming the problem.
 
 
-def _load_error(directory) -> str:
-    with pytest.raises(errors.UserError) as info:
-        pretrained.load_params(directory)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
+_load_error = hf_checkpoints.load_error
 
 
 @pytest.mark.parametrize(

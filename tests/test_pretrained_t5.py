@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from experiments import config_utils
-from tfjax import errors, models, pretrained
+from tfjax import models, pretrained
 from tfjax.inference import decoding
 from tfjax.nn import layers, positional
 from tfjax.runs import pretrained as runs_pretrained
@@ -238,10 +238,7 @@ def test_t5_export_round_trips_through_transformers(t5_dir, tmp_path):
     hf_config = pretrained.read_hf_config(directory)
     pretrained.save(tmp_path, config, params, hf_config=hf_config, tokenizer=tokenizer)
     reloaded = transformers.T5ForConditionalGeneration.from_pretrained(str(tmp_path)).eval()
-    for name, value in hf_model.state_dict().items():
-        np.testing.assert_array_equal(
-            reloaded.state_dict()[name].numpy(), value.numpy(), err_msg=name
-        )
+    hf_checkpoints.assert_same_weights(reloaded, hf_model)
     batch = _batch(config.vocab_size)
     valid = batch[3] > 0
     np.testing.assert_allclose(
@@ -268,12 +265,7 @@ def test_t5_tokenizer_appends_eos_and_has_no_bos(t5_dir):
 _copy = hf_checkpoints.edited_copy  # a checkpoint with config.json or weights edited
 
 
-def _load_error(directory) -> str:
-    with pytest.raises(errors.UserError) as info:
-        pretrained.load_params(directory)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
+_load_error = hf_checkpoints.load_error
 
 
 @pytest.mark.parametrize("proj", ["gated-relu", "gelu", "swish"])
