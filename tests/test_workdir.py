@@ -272,6 +272,8 @@ def test_evaluate_teacher_forced_runs(trained, name):
     assert {"loss", "accuracy"} <= set(record)
     assert "bleu" not in record and "beam_size" not in record
     assert json.loads((path / "eval.json").read_text()) == record
+    with pytest.raises(workdir.WorkdirError, match="drop --oracle_length"):
+        evaluator.evaluate_workdir(path, oracle_length=True)
 
 
 @pytest.mark.parametrize("name", list(RUNS))

@@ -190,6 +190,11 @@ def evaluate_workdir(
     trained = workdir_lib.load(
         workdir, tool="experiments.evaluate", step=step, split=split, average_last=average_last
     )
+    if oracle_length and trained.run.examples.format != "seq2seq":
+        raise workdir_lib.WorkdirError(
+            f"oracle lengths are for decoded (seq2seq) runs; this is a "
+            f"{trained.run.model_config.kind} run: drop --oracle_length"
+        )
     split = trained.config.data.eval_split
     scores = evaluate(trained.run, trained.params, max_examples=max_examples)
     count = min(max_examples or len(trained.run.examples.eval), len(trained.run.examples.eval))
