@@ -14,9 +14,22 @@ Presets (`--config=configs/multi30k.py:NAME`):
           python -m experiments.train --config=configs/multi30k.py:cpu
           python -m experiments.evaluate --workdir=runs/multi30k_cpu --split=test2016 \
               --beam_size=5
-        Measured on a 2-core x86 CPU: 1 h 33 min for the training command (data, SentencePiece
-        training, compilation and five greedy-BLEU evaluations on val included); test2016
-        sacreBLEU 38.6 and chrF 62.4 with beam 5 (greedy 36.8; `--average_last=5` 38.56).
+        Measured on a quiet 2-core x86 CPU (jnp.dot ceiling ~205 GFLOP/s): 40 min 16 s for the
+        training command (data, SentencePiece training, compilation and five greedy-BLEU
+        evaluations on val included); test2016 sacreBLEU 37.7, chrF 63.0 with beam 5 and the
+        length penalty chosen on val (alpha 1.4; greedy 37.5). An earlier run on another host:
+        38.6 with beam 5 at alpha 0.6.
+  small the ablations' model (issue 21): post-LN, 2+2 layers, d_model 64, 4 heads, d_ff 256,
+        4,000 joint pieces, cosine schedule, 1,000 steps of 32 packed rows, greedy val BLEU at
+        the end; about a sixth of `cpu`'s FLOPs per token (sized, not yet timed, for a few
+        minutes a run on the CPU, so that every cell of a sweep has 3 seeds):
+          python -m experiments.sweep --config=configs/multi30k.py:small --sweep=score \
+              --vectorize --workdir=runs/sweeps
+        Sweeps for it (seeds 0-2 each; the sweep's seeds.md gives mean ± std): `score`
+        (scaled_dot, dot, general, additive), `norm_warmup` (post-/pre-LN x the paper's
+        warmup schedule / a constant 1e-3 without warmup), `value_rank` (0 = full, 32, 16, 8,
+        4), `base` (sinusoid base 10 ... 100,000), `combine` (positions added to the 64-wide
+        embedding vs 48 + 16 concatenated). Defined; not run yet (see the README).
   tiny  seconds, for the tests (needs only a small multi30k/ folder with a SHA256SUMS file).
 """
 
@@ -44,6 +57,23 @@ PRESETS = {
         "train.keep_checkpoints": 5,
         "train.log_every_steps": 50,
     },
+    "small": {
+        "model.embed_dim": 64,
+        "model.num_layers": 2,
+        "model.num_decoder_layers": 2,
+        "model.num_heads": 4,
+        "model.mlp_dim": 256,
+        "model.dropout_rate": 0.1,
+        "data.vocab_size": 4000,
+        "optim.schedule": "cosine",
+        "optim.learning_rate": 4e-3,
+        "optim.warmup_steps": 200,
+        "train.num_train_steps": 1000,
+        "train.global_batch_size": 32,
+        "train.eval_every_steps": 1000,
+        "train.checkpoint_every_steps": 500,
+        "train.log_every_steps": 100,
+    },
     "tiny": {
         **common.TINY,
         "model.num_decoder_layers": 1,
@@ -52,7 +82,37 @@ PRESETS = {
     },
 }
 
+SEEDS = (0, 1, 2)
+
+
+def _seeded(settings: list[dict]) -> list[dict]:
+    return [{**setting, "seed": seed} for setting in settings for seed in SEEDS]
+
+
 SWEEPS = {
+    "score": _seeded([{"model.score": s} for s in ("scaled_dot", "dot", "general", "additive")]),
+    "norm_warmup": _seeded(
+        [
+            {"model.norm_position": norm, **schedule}
+            for norm in ("post", "pre")
+            for schedule in (
+                {"optim.schedule": "paper", "optim.learning_rate": 1.0},
+                {
+                    "optim.schedule": "constant",
+                    "optim.learning_rate": 1e-3,
+                    "optim.warmup_steps": 0,
+                },
+            )
+        ]
+    ),
+    "value_rank": _seeded([{"model.value_rank": r} for r in (0, 32, 16, 8, 4)]),
+    "base": _seeded([{"model.sinusoidal_base": n} for n in (10.0, 100.0, 1e3, 1e4, 1e5)]),
+    "combine": _seeded(
+        [
+            {"model.positional_combine": "add", "model.positional_dim": 0},
+            {"model.positional_combine": "concat", "model.positional_dim": 16},
+        ]
+    ),
     "vocab": [{"data.vocab_size": v} for v in (4000, 8000, 16000)],
     "dropout": [{"model.dropout_rate": v} for v in (0.1, 0.2, 0.3)],
     "smoothing": [{"train.label_smoothing": v} for v in (0.0, 0.1)],

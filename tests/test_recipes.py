@@ -25,6 +25,7 @@ RECIPES = [
     "configs/multi30k.py:base",
     "configs/multi30k.py:cpu",
     "configs/shakespeare_char.py:cpu",
+    "configs/shakespeare_char.py:hour",
     "configs/shakespeare_char.py:gpu",
     "configs/listops.py:base",
     "configs/listops.py:cpu",
@@ -164,3 +165,45 @@ def test_wmt14_pipeline_runs_on_a_local_sample(tmp_path):
     config = config_utils.load_config("configs/wmt14.py:tiny", overrides)
     result = trainer.train_and_evaluate(config, tmp_path / "run")
     assert 0 <= result["greedy_bleu"] <= 100
+
+
+def _every_sweep() -> list[tuple[str, str]]:
+    """(config file, sweep name) for every sweep a shipped config file defines."""
+    pairs = []
+    for spec in _every_preset():
+        if ":" not in spec:
+            module = importlib.import_module(f"configs.{pathlib.Path(spec).stem}")
+            pairs += [(spec, name) for name in getattr(module, "SWEEPS", {})]
+    return pairs
+
+
+@pytest.mark.parametrize(("spec", "sweep_name"), _every_sweep())
+def test_every_shipped_sweep_expands_to_runs_that_pass_the_run_check(spec, sweep_name, tmp_path):
+    from experiments import sweep
+
+    runs = sweep.expand(spec, sweep_name, [], tmp_path)
+    assert runs and len({run.name for run in runs}) == len(runs)
+    for run in runs:
+        build.check_config(run.config)
+        for key, value in run.overrides.items():
+            group, field = key.split(".") if "." in key else (None, key)
+            assert (run.config[group][field] if group else run.config[field]) == value
+
+
+def test_multi30k_ablation_sweeps_have_three_seeds_per_cell(tmp_path):
+    from experiments import sweep
+
+    runs = sweep.expand("configs/multi30k.py:small", "norm_warmup", [], tmp_path)
+    cells = {}
+    for run in runs:
+        cell = (run.config.model.norm_position, run.config.optim.schedule)
+        cells.setdefault(cell, set()).add(run.config.seed)
+    assert cells == {
+        (norm, schedule): {0, 1, 2}
+        for norm in ("post", "pre")
+        for schedule in ("paper", "constant")
+    }
+    for run in runs:  # the paper schedule keeps the preset's warmup; the constant LR has none
+        expected = 0 if run.config.optim.schedule == "constant" else 200
+        assert run.config.optim.warmup_steps == expected
+    assert run.config.model.embed_dim == 64 and run.config.data.vocab_size == 4000
