@@ -15,7 +15,8 @@ Reads `W/config.json`, restores the checkpoint, then
     sacreBLEU BLEU (13a tokenizer, cased) and chrF2, both 0-100, and exact match (0-1); adds the
     teacher-forced `loss`, `nll`, `perplexity`, `accuracy` (per token),
     `teacher_forced_exact_match` and `greedy_exact_match` of `tfjax.runs.evaluator.evaluate`.
-    Hypotheses go to `W/eval/<split>_step<N>_beam<k>.hyp.txt`, one line per example, in order.
+    Hypotheses go to `W/eval/<split>_step<N>_beam<k>[_alpha<a>].hyp.txt` (alpha: beam search),
+    one line per example, in order.
   * lm and classify runs: the teacher-forced metrics of `tfjax.runs.evaluator.evaluate` (the
     same keys as the `eval` records of `metrics.jsonl`); language models on a text stream (e.g.
     tinyshakespeare) score the whole split in consecutive windows and also report
@@ -24,10 +25,11 @@ Reads `W/config.json`, restores the checkpoint, then
   * with `--source_file=S --reference_file=R` (seq2seq runs): each line of S is translated as
     `experiments.translate` would and scored against the same line of R as written: BLEU, chrF
     and exact match (`tfjax.runs.evaluator.evaluate_files`); hypotheses go to
-    `W/eval/files_<S stem>_step<N>_beam<k>.hyp.txt`.
+    `W/eval/files_<S stem>_step<N>_beam<k>[_alpha<a>].hyp.txt`.
 The scores are printed and written to `W/eval.json` (the latest evaluation: split, step,
 beam_size, alpha, num_examples, the scores and the sacreBLEU signatures); a copy stays in
-`W/eval/<split>_step<N>_beam<k>.json`. Runs on one host, CPU included.
+`W/eval/<split>_step<N>_beam<k>[_alpha<a>].json`, so evaluations with several length
+penalties (choosing alpha on val) keep one record each. Runs on one host, CPU included.
 
 The work is done by `tfjax.runs.evaluator.evaluate_workdir`; this module defines its flags only
 when run as a script.

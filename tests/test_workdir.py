@@ -259,8 +259,19 @@ def test_evaluate_beam_search_train_split_and_sentencepiece(trained):
     path = trained("seq2seq_spm")
     record = evaluator.evaluate_workdir(path, split="train", beam_size=2, max_examples=3)
     assert (record["split"], record["beam_size"], record["num_examples"]) == ("train", 2, 3)
-    assert (path / "eval" / "train_step2_beam2.hyp.txt").exists()
+    assert (path / "eval" / "train_step2_beam2_alpha0.6.hyp.txt").exists()
     assert 0.0 <= record["bleu"] <= 100.0
+
+
+def test_evaluate_keeps_one_record_per_length_penalty(trained):
+    path = trained("seq2seq_word")
+    records = {
+        alpha: evaluator.evaluate_workdir(path, beam_size=2, alpha=alpha) for alpha in (0.0, 1.5)
+    }
+    for alpha, record in records.items():
+        assert record["hypotheses"] == f"eval/test_step2_beam2_alpha{alpha:g}.hyp.txt"
+        saved = json.loads((path / "eval" / f"test_step2_beam2_alpha{alpha:g}.json").read_text())
+        assert saved == record and saved["alpha"] == alpha
 
 
 @pytest.mark.parametrize(
@@ -323,6 +334,7 @@ def test_evaluate_files_scores_any_text_like_the_split(trained, name, tmp_path):
     assert record["chrf"] == pytest.approx(evaluation.chrf(hypotheses, references))
     assert (path / record["hypotheses"]).read_text().splitlines() == hypotheses
     assert json.loads((path / "eval.json").read_text())["source_file"] == str(tmp_path / "src.txt")
+    assert record["hypotheses"].endswith("_beam2_alpha0.6.hyp.txt")
     assert "files_src_step" in record["hypotheses"] and "6 lines" in evaluator.report(record)
 
 

@@ -173,7 +173,8 @@ def evaluate_workdir(
     detokenized hypotheses with sacreBLEU BLEU and chrF and exact
     match, beside the teacher-forced metrics of `evaluate`. Other runs: the teacher-forced
     metrics; text-stream LMs also `sampled_nll` over `sample_windows` random windows. The record
-    goes to `workdir/eval.json` and `workdir/eval/<split>_step<N>[_avgK][_beamB][_oracle].json`.
+    goes to `workdir/eval.json` and
+    `workdir/eval/<split>_step<N>[_avgK][_beamB[_alphaA]][_oracle].json`.
     `oracle_length` (seq2seq, greedy): each hypothesis ends where its reference does
     (`evaluation.decode_dataset`); the record says `"oracle_length": true`.
 
@@ -206,7 +207,8 @@ def evaluate_workdir(
     if trained.run.examples.format == "seq2seq":
         # None: the workdir's defaults (a converted checkpoint's own decoding, else 4 and 0.6)
         options = trained.search_options(beam_size, alpha, None)
-        name += f"_beam{options['beam_size']}" + ("_oracle" if oracle_length else "")
+        name += _decoding_suffix(options["beam_size"], options["alpha"])
+        name += "_oracle" if oracle_length else ""
         scores["teacher_forced_exact_match"] = scores.pop("exact_match")
         record.update(beam_size=options["beam_size"], alpha=options["alpha"])
         if oracle_length:
@@ -220,6 +222,13 @@ def evaluate_workdir(
     (trained.workdir / "eval" / f"{name}.json").write_text(text, encoding="utf-8")
     (trained.workdir / EVAL_FILE).write_text(text, encoding="utf-8")
     return record
+
+
+def _decoding_suffix(beam_size: int, alpha: float) -> str:
+    """`_beamB` for greedy decoding; `_beamB_alphaA` for beam search, so that the records of
+    several length penalties (choosing alpha on val) sit side by side instead of replacing
+    each other."""
+    return f"_beam{beam_size}" + (f"_alpha{alpha:g}" if beam_size > 1 else "")
 
 
 def _read_lines(path: str | pathlib.Path, what: str) -> list[str]:
@@ -286,7 +295,7 @@ def evaluate_files(
     name = f"files_{pathlib.Path(source_file).stem}_step{translator.step}"
     if average_last > 1:
         name += f"_avg{average_last}"
-    name += f"_beam{beam_size}"
+    name += _decoding_suffix(beam_size, alpha)
     hyp_path = translator.workdir / "eval" / f"{name}.hyp.txt"
     hyp_path.parent.mkdir(parents=True, exist_ok=True)
     hyp_path.write_text("".join(f"{line}\n" for line in hypotheses), encoding="utf-8")
