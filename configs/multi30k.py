@@ -21,15 +21,16 @@ Presets (`--config=configs/multi30k.py:NAME`):
         38.6 with beam 5 at alpha 0.6.
   small the ablations' model (issue 21): post-LN, 2+2 layers, d_model 64, 4 heads, d_ff 256,
         4,000 joint pieces, cosine schedule, 1,000 steps of 32 packed rows, greedy val BLEU at
-        the end; about a sixth of `cpu`'s FLOPs per token (sized, not yet timed, for a few
-        minutes a run on the CPU, so that every cell of a sweep has 3 seeds):
+        the end; about a sixth of `cpu`'s FLOPs per token, so that every cell of a sweep has 3
+        seeds: 14 min 20 s for a cell's 3 seeds as one vectorised program on the quiet 2-core
+        CPU (data, compilation and the final greedy BLEU on val included):
           python -m experiments.sweep --config=configs/multi30k.py:small --sweep=score \
               --vectorize --workdir=runs/sweeps
         Sweeps for it (seeds 0-2 each; the sweep's seeds.md gives mean ± std): `score`
         (scaled_dot, dot, general, additive), `norm_warmup` (post-/pre-LN x the paper's
         warmup schedule / a constant 1e-3 without warmup), `value_rank` (0 = full, 32, 16, 8,
         4), `base` (sinusoid base 10 ... 100,000), `combine` (positions added to the 64-wide
-        embedding vs 48 + 16 concatenated). Defined; not run yet (see the README).
+        embedding vs 48 + 16 concatenated). Run so far: part of `score` (see the README).
   tiny  seconds, for the tests (needs only a small multi30k/ folder with a SHA256SUMS file).
 """
 
