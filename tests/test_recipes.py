@@ -203,7 +203,9 @@ def test_multi30k_ablation_sweeps_have_three_seeds_per_cell(tmp_path):
         for norm in ("post", "pre")
         for schedule in ("paper", "constant")
     }
+    preset = config_utils.load_config("configs/multi30k.py:small", [])
+    assert preset.optim.warmup_steps > 0
     for run in runs:  # the paper schedule keeps the preset's warmup; the constant LR has none
-        expected = 0 if run.config.optim.schedule == "constant" else 200
+        expected = 0 if run.config.optim.schedule == "constant" else preset.optim.warmup_steps
         assert run.config.optim.warmup_steps == expected
-    assert run.config.model.embed_dim == 64 and run.config.data.vocab_size == 4000
+        assert run.config.model.embed_dim == preset.model.embed_dim == 64
