@@ -8,6 +8,12 @@ panel per head (`tfjax.viz.attention_heads`), goes to `--out` (default `WORKDIR/
 named after the layer (`decoder_layer_0_cross_attention.png`); `--layers=cross` or `self`
 keeps one kind. Prints the translation (or the text) and then each path written.
 
+`--stats` draws nothing and needs no text: it prints, for every attention layer, the mean
+entropy (nats), largest weight and logit standard deviation of its rows over the eval split
+(`--num_examples` of them; all by default), teacher-forced: how peaked the attention is and
+how far apart its scores are (`tfjax.inference.attention_maps.statistics`):
+    python -m experiments.attention_map --workdir=W --stats
+
 Needs matplotlib (`pip install -e ".[viz]"`). The weights come from
 `tfjax.runs.workdir.Trained.attention`: captured from the model's own forward pass
 (`tfjax.inference.attention_maps`), for every attention implementation.
@@ -49,11 +55,37 @@ def draw(maps, directory: pathlib.Path, *, layers: str = "all", title: str = "")
     return paths
 
 
+def stats_lines(statistics: dict) -> list[str]:
+    """A table of `Trained.attention_statistics`, one line per layer, aligned."""
+    width = max(len("layer"), *(len(name) for name in statistics))
+    lines = [f"{'layer':<{width}}  entropy  max_weight  logit_std    rows"]
+    for name, row in statistics.items():
+        lines.append(
+            f"{name:<{width}}  {row['entropy']:7.3f}  {row['max_weight']:10.3f}"
+            f"  {row['logit_std']:9.3f}  {row['rows']:6d}"
+        )
+    return lines
+
+
+def _stats() -> None:
+    from tfjax.runs import workdir
+
+    if FLAGS.num_examples is not None and FLAGS.num_examples < 1:
+        raise cli.UsageError(f"--num_examples={FLAGS.num_examples}: give at least 1")
+    trained = workdir.load(FLAGS.workdir, tool=TOOL, step=FLAGS.step)
+    statistics = trained.attention_statistics(FLAGS.num_examples)
+    count = len(trained.run.examples.eval[: FLAGS.num_examples])
+    title = f"attention over {count} eval examples, step {trained.step}"
+    cli.print_lines([title, *stats_lines(statistics)], [])
+
+
 def _attention_map() -> None:
     from tfjax.runs import workdir
 
-    if not FLAGS.text.split():
-        raise cli.UsageError("--text is empty: give a sentence to look at")
+    if FLAGS.stats:
+        return _stats()
+    if not (FLAGS.text or "").split():
+        raise cli.UsageError("--text is empty: give a sentence to look at (or --stats)")
     if FLAGS.layers not in LAYERS:
         raise cli.UsageError(f"--layers={FLAGS.layers}: choose one of {', '.join(LAYERS)}")
     if importlib.util.find_spec("matplotlib") is None:  # before the slow restore
@@ -82,7 +114,9 @@ def _define_flags() -> None:
     flags.DEFINE_string("layers", "all", "all, cross or self: which attention layers to draw.")
     flags.DEFINE_integer("beam_size", 1, "Beam size of the translation (1 = greedy).")
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
-    flags.mark_flags_as_required(["workdir", "text"])
+    flags.DEFINE_bool("stats", False, "Print each layer's attention statistics; draw nothing.")
+    flags.DEFINE_integer("num_examples", None, "--stats: eval examples to use (default: all).")
+    flags.mark_flags_as_required(["workdir"])
 
 
 if __name__ == "__main__":

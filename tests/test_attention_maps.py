@@ -314,3 +314,84 @@ def test_pieces_of_each_tokenizer_kind():
     for tokenizer in (word, char, sp):
         with pytest.raises(ValueError, match="outside the vocabulary"):
             tokenizer.pieces([tokenizer.vocab_size])
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics over many rows.
+
+
+def test_row_statistics_of_literal_rows():
+    logits = np.array([[0.0, 1.0, 3.0, -9.0], [2.0, 2.0, 0.0, 0.0], [5.0, 0.0, 0.0, 0.0]])
+    allowed = np.array([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]], bool)  # row 3: one key
+    weights = np.zeros((1, 1, 4, 4))
+    for row in range(3):
+        e = np.exp(logits[row][allowed[row]])
+        weights[0, 0, row, allowed[row]] = e / e.sum()
+    weights[0, 0, 3] = weights[0, 0, 0]  # a padded query row: not counted
+    rows = jnp.asarray([[True, True, True, False]])
+    out = jax.device_get(attention_maps.row_statistics(jnp.asarray(weights), rows))
+    assert int(out["rows"]) == 2  # rows 0 and 1; row 2 has one key, row 3 is padding
+    p0 = np.exp([0.0, 1.0, 3.0]) / np.exp([0.0, 1.0, 3.0]).sum()
+    entropy = -(p0 * np.log(p0)).sum() + np.log(2.0)  # row 1: two equal weights
+    np.testing.assert_allclose(out["entropy"], entropy, rtol=1e-5)
+    np.testing.assert_allclose(out["max_weight"], p0.max() + 0.5, rtol=1e-6)
+    np.testing.assert_allclose(out["logit_std"], np.std([0.0, 1.0, 3.0]) + 0.0, rtol=1e-5)
+
+
+def _manual_statistics(model, params, batch, fields):
+    """Means over the real rows with >= 2 keys, computed in numpy from `capture`'s weights."""
+    args = [batch[f] for f in fields]
+    segments = {f"{f}_segment_ids": batch[f"{f}_segment_ids"] for f in fields}
+    _, maps = attention_maps.capture(model, {"params": params}, *args, **segments)
+    out = {}
+    for name, weights in maps.items():
+        side = "inputs" if name.startswith("encoder/") or "targets" not in fields else "targets"
+        real = np.asarray(batch[f"{side}_segment_ids"]) > 0
+        values = {"entropy": [], "max_weight": [], "logit_std": []}
+        for b, n, row in np.ndindex(*weights.shape[:3]):
+            p = np.asarray(weights[b, n, row], np.float64)
+            p = p[p > 0]
+            if not real[b, row] or p.size < 2:
+                continue
+            values["entropy"].append(-(p * np.log(p)).sum())
+            values["max_weight"].append(p.max())
+            values["logit_std"].append(np.log(p).std())
+        out[name] = {key: np.mean(v) for key, v in values.items()}
+        out[name]["rows"] = len(values["entropy"])
+    return out
+
+
+@pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only", "encoder_only"])
+def test_statistics_average_the_real_rows_of_every_layer_in_any_batching(kind):
+    model = models.create_model(models.ModelConfig(**TINY, kind=kind))
+    fields = {"encoder_decoder": ["inputs", "targets"], "decoder_only": ["targets"]}
+    fields = fields.get(kind, ["inputs"])
+    data = {"inputs": SRC, "targets": TGT, "inputs_segment_ids": SRC_SEG}
+    data["targets_segment_ids"] = TGT_SEG
+    params = model.init(jax.random.key(0), *[data[f] for f in fields])["params"]
+    examples = [{key: np.asarray(value[i]) for key, value in data.items()} for i in range(2)]
+    examples.append({**examples[0], "labels": np.int32(1)})  # other fields are ignored
+    batch = {key: jnp.asarray(np.stack([e[key] for e in examples])) for key in data}
+    expected = _manual_statistics(model, params, batch, fields)
+    for batch_size in (1, 2, 64):  # padded last batches must not count
+        got = attention_maps.statistics(model, params, examples, batch_size=batch_size)
+        assert list(got) == list(expected)
+        for name in got:
+            assert got[name]["rows"] == expected[name]["rows"] > 0, name
+            for key in attention_maps.STATISTICS:
+                np.testing.assert_allclose(got[name][key], expected[name][key], rtol=2e-5)
+    with pytest.raises(ValueError, match="no examples"):
+        attention_maps.statistics(model, params, [])
+
+
+def test_unscaled_dot_scores_spread_the_first_layer_logits_by_sqrt_head_dim():
+    scaled = models.create_model(models.ModelConfig(**TINY, kind="encoder_only"))
+    dot = models.create_model(models.ModelConfig(**TINY, kind="encoder_only", score="dot"))
+    params = scaled.init(jax.random.key(0), SRC)["params"]
+    examples = [{"inputs": np.asarray(SRC[i]), "inputs_segment_ids": np.asarray(SRC_SEG[i])}
+                for i in range(2)]  # fmt: skip
+    a = attention_maps.statistics(scaled, params, examples)["encoder/layer_0/self_attention"]
+    b = attention_maps.statistics(dot, params, examples)["encoder/layer_0/self_attention"]
+    head_dim = TINY["embed_dim"] // TINY["num_heads"]
+    np.testing.assert_allclose(b["logit_std"], np.sqrt(head_dim) * a["logit_std"], rtol=1e-4)
+    assert b["entropy"] < a["entropy"] and b["max_weight"] > a["max_weight"]

@@ -313,6 +313,13 @@ def test_attention_maps_of_every_model_and_tokenizer_kind(trained, name):
         np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5, err_msg=layer)
     with pytest.raises(workdir.WorkdirError, match="the text is empty"):
         run.attention("  ")
+    statistics = run.attention_statistics(num_examples=3)
+    assert list(statistics) == list(maps.weights)
+    for layer in statistics.values():
+        assert layer["rows"] > 0 and 0 < layer["max_weight"] <= 1, layer
+        assert layer["entropy"] > 0 and layer["logit_std"] > 0, layer
+    with pytest.raises(workdir.WorkdirError, match="num_examples=0"):
+        run.attention_statistics(0)
 
 
 @pytest.mark.parametrize("name", ["seq2seq_word", "seq2seq_spm"])
@@ -457,6 +464,26 @@ def test_attention_map_command_draws_one_png_per_layer(trained, name, tmp_path):
     )  # fmt: skip
     assert cross.returncode == 0, cross.stderr
     assert len(list((tmp_path / "x").glob("*.png"))) == decoder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["seq2seq_spm", "lm_char"])
+def test_attention_map_stats_command_prints_a_line_per_layer(trained, name):
+    run = workdir.load(trained(name))
+    done = _command("attention_map", f"--workdir={trained(name)}", "--stats", "--num_examples=4")
+    assert done.returncode == 0, done.stderr
+    title, header, *lines = done.stdout.splitlines()
+    assert title == f"attention over 4 eval examples, step {run.step}"
+    assert header.split() == ["layer", "entropy", "max_weight", "logit_std", "rows"]
+    expected = run.attention_statistics(4)
+    assert [line.split()[0] for line in lines] == list(expected)
+    for line in lines:
+        name_, entropy, _, logit_std, rows = line.split()
+        assert float(entropy) == pytest.approx(expected[name_]["entropy"], abs=1e-3)
+        assert float(logit_std) == pytest.approx(expected[name_]["logit_std"], abs=1e-3)
+        assert int(rows) == expected[name_]["rows"]
+    bad = _command("attention_map", f"--workdir={trained(name)}", "--stats", "--num_examples=0")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --num_examples=0"), bad.stderr
 
 
 @pytest.mark.slow

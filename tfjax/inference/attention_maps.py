@@ -7,6 +7,8 @@ computed, and inspection. `capture` runs a model with the collection mutable and
 by layer, "encoder/layer_0/self_attention", "decoder/layer_1/cross_attention", ...; a scanned
 stack's [num_layers, ...] weights are split into the same per-layer names. `example_maps` does
 that for one example of any model kind and labels both axes with tokens, for `tfjax.viz`.
+`statistics` summarises every layer over many examples: how spread out the attention is
+(entropy, the largest weight) and how far apart the scores are (the spread of the logits).
 
 The weights are softmax(scores + bias) over the keys the mask allows, before probability
 dropout, recomputed from each layer's own queries and keys by the reference formula
@@ -24,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfjax.data import tokenizers
+from tfjax.data import pipeline, tokenizers
 from tfjax.nn import stacking
 from tfjax.nn.attention import module as attention_module
 
@@ -175,3 +177,100 @@ def until_eos(generated: Sequence[int] | np.ndarray, eos_id: int = tokenizers.EO
         if token == eos_id:
             break
     return out
+
+
+STATISTICS = ("entropy", "max_weight", "logit_std")
+
+
+def row_statistics(weights: jax.Array, rows: jax.Array) -> dict[str, jax.Array]:
+    """Summaries of the attention rows of one layer, summed over the rows that count.
+
+    Per row (one query of one head) over the keys it attends to (weight > 0; masked keys have
+    weight exactly 0): the entropy -sum p log p in nats, the largest weight, and the standard
+    deviation of the attention logits. Softmax leaves logits less a per-row constant in
+    log p, so that deviation is the std of log p over the row's keys; a key whose weight
+    underflowed to 0 (a logit more than ~100 below the row's largest) is left out like a
+    masked one.
+
+    Args:
+        weights: [B, N, L, S] attention probabilities, as `capture` returns them.
+        rows: [B, L] bool, the real query positions (not padding).
+
+    Returns:
+        {"rows": how many rows count, "entropy", "max_weight", "logit_std": their sums}. A
+        row counts when its query is real and it attends to at least two keys (a causal
+        row with one key has no spread to measure).
+    """
+    weights = weights.astype(jnp.float32)
+    allowed = weights > 0
+    keys = allowed.sum(-1)
+    log_p = jnp.where(allowed, jnp.log(jnp.where(allowed, weights, 1.0)), 0.0)
+    mean = log_p.sum(-1) / jnp.maximum(keys, 1)
+    deviation = jnp.where(allowed, log_p - mean[..., None], 0.0)
+    std = jnp.sqrt((deviation**2).sum(-1) / jnp.maximum(keys, 1))
+    counted = rows[:, None, :] & (keys >= 2)
+
+    def total(values: jax.Array) -> jax.Array:
+        return jnp.where(counted, values, 0.0).sum()
+
+    return {
+        "rows": counted.sum(),
+        "entropy": total(-(weights * log_p).sum(-1)),
+        "max_weight": total(weights.max(-1)),
+        "logit_std": total(std),
+    }
+
+
+def statistics(
+    model: nn.Module, params: Any, examples: Sequence[pipeline.Example], *, batch_size: int = 64
+) -> dict[str, dict[str, float]]:
+    """Mean `row_statistics` of every attention layer over `examples`, teacher-forced.
+
+    Args:
+        model: any tfjax model; it reads the examples' `inputs` and/or `targets` (with their
+            segment ids) as its kind takes them, deterministically (no dropout).
+        params: its parameters.
+        examples: padded examples of the run's format (`Examples.eval`, for instance).
+        batch_size: rows per forward pass (the last batch is padded with padding rows).
+
+    Returns:
+        {layer name: {"entropy", "max_weight", "logit_std": means over the rows that count,
+        "rows": their number}}, layers named as by `capture`. Encoder layers' rows are the
+        input tokens, decoder layers' the target tokens.
+    """
+    if not examples:
+        raise ValueError("no examples to summarise attention over")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    fields = {"encoder_decoder": ["inputs", "targets"], "decoder_only": ["targets"]}
+    fields = fields.get(model.config.kind, ["inputs"])
+
+    @jax.jit
+    def sums(params, batch):
+        segments = {f"{field}_segment_ids": batch[f"{field}_segment_ids"] for field in fields}
+        args = [batch[field] for field in fields]
+        _, maps = capture(model, {"params": params}, *args, deterministic=True, **segments)
+        out = {}
+        for name, weights in maps.items():
+            side = "inputs" if name.startswith("encoder/") or "targets" not in fields else "targets"
+            out[name] = row_statistics(weights, batch[f"{side}_segment_ids"] > 0)
+        return out
+
+    keys = [*fields, *(f"{field}_segment_ids" for field in fields)]
+    batch_size = min(batch_size, len(examples))
+    totals: dict[str, dict[str, float]] = {}
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        stacked = {key: np.stack([example[key] for example in chunk]) for key in keys}
+        batch = pipeline.pad_batch(stacked, batch_size)
+        for name, values in jax.device_get(sums(params, batch)).items():
+            layer = totals.setdefault(name, dict.fromkeys(("rows", *STATISTICS), 0.0))
+            for key, value in values.items():
+                layer[key] += float(value)
+    return {
+        name: {
+            **{key: layer[key] / max(layer["rows"], 1.0) for key in STATISTICS},
+            "rows": int(layer["rows"]),
+        }
+        for name, layer in totals.items()
+    }

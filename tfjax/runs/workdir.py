@@ -195,6 +195,25 @@ class Trained:
         key = "targets" if kind == "decoder_only" else "inputs"
         return attention_maps.example_maps(model, self.params, tokenizer, **{key: ids}), text
 
+    def attention_statistics(
+        self, num_examples: int | None = None, *, batch_size: int = 64
+    ) -> dict[str, dict[str, float]]:
+        """Per attention layer, the mean entropy, largest weight and logit spread of its rows
+        over the eval split's examples (the first `num_examples`; all when None), teacher-forced
+        (`attention_maps.statistics`). Any model kind.
+
+        Raises:
+            WorkdirError: for num_examples < 1, or a run without eval examples.
+        """
+        if num_examples is not None and num_examples < 1:
+            raise WorkdirError(f"num_examples={num_examples}: give at least 1 (or all of them)")
+        examples = self.run.examples.eval[:num_examples]
+        if not examples:
+            raise WorkdirError("this run has no eval examples to summarise attention over")
+        return attention_maps.statistics(
+            self.run.model, self.params, examples, batch_size=batch_size
+        )
+
 
 def unknown_words(text: str, tokenizer: tokenizers.Tokenizer) -> list[str]:
     """The whitespace-separated words of `text` that encode to <unk> in part, any tokenizer.
