@@ -30,7 +30,7 @@ Presets (`--config=configs/multi30k.py:NAME`):
         (scaled_dot, dot, general, additive), `norm_warmup` (post-/pre-LN x the paper's
         warmup schedule / a constant 1e-3 without warmup), `value_rank` (0 = full, 32, 16, 8,
         4), `base` (sinusoid base 10 ... 100,000), `combine` (positions added to the 64-wide
-        embedding vs 48 + 16 concatenated). Run so far: part of `score` (see the README).
+        embedding vs 48 + 16 concatenated). Run so far: `score` (see the README).
   tiny  seconds, for the tests (needs only a small multi30k/ folder with a SHA256SUMS file).
 """
 
