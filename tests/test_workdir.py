@@ -315,6 +315,8 @@ def test_attention_maps_of_every_model_and_tokenizer_kind(trained, name):
         run.attention("  ")
     statistics = run.attention_statistics(num_examples=3)
     assert list(statistics) == list(maps.weights)
+    first = run.attention_statistics(num_examples=1)  # num_examples is honoured
+    assert all(first[n]["rows"] < statistics[n]["rows"] for n in statistics), (first, statistics)
     for layer in statistics.values():
         assert layer["rows"] > 0 and 0 < layer["max_weight"] <= 1, layer
         assert layer["entropy"] > 0 and layer["logit_std"] > 0, layer
