@@ -28,9 +28,10 @@ Presets (`--config=configs/multi30k.py:NAME`):
               --vectorize --workdir=runs/sweeps
         Sweeps for it (seeds 0-2 each; the sweep's seeds.md gives mean ± std): `score`
         (scaled_dot, dot, general, additive), `norm_warmup` (post-/pre-LN x the paper's
-        warmup schedule / a constant 1e-3 without warmup), `value_rank` (0 = full, 32, 16, 8,
-        4), `base` (sinusoid base 10 ... 100,000), `combine` (positions added to the 64-wide
-        embedding vs 48 + 16 concatenated). Run so far: `score` (see the README).
+        warmup schedule / a constant 1e-3 without warmup), `value_rank` (32, 16, 8, 4,
+        0 = full: last, as it is `score`'s scaled_dot cell again), `base` (sinusoid base 10
+        ... 100,000), `combine` (positions added to the 64-wide embedding vs 48 + 16
+        concatenated). Run so far: `score`, `norm_warmup` (see the README).
   tiny  seconds, for the tests (needs only a small multi30k/ folder with a SHA256SUMS file).
 """
 
@@ -106,7 +107,7 @@ SWEEPS = {
             )
         ]
     ),
-    "value_rank": _seeded([{"model.value_rank": r} for r in (0, 32, 16, 8, 4)]),
+    "value_rank": _seeded([{"model.value_rank": r} for r in (32, 16, 8, 4, 0)]),
     "base": _seeded([{"model.sinusoidal_base": n} for n in (10.0, 100.0, 1e3, 1e4, 1e5)]),
     "combine": _seeded(
         [

@@ -18,7 +18,10 @@ seeds.md gives mean ± standard deviation over them):
               `length` and `addprim_jump` splits, seeds 0-2 (36 runs);
   base        the sinusoid's base n in (10, 100, 1,000, 10,000, 100,000), seeds 0-2;
   combine     sinusoidal positions added to the 64-wide embedding vs concatenated (48-wide
-              tokens + 16-wide positions: the same total width), seeds 0-2.
+              tokens + 16-wide positions: the same total width), seeds 0-2;
+  score       the attention score (scaled_dot, dot, general, additive) on the `simple` split
+              (a random 80/20 split of all commands: the algorithmic task that this model
+              learns, so that the scores can differ), seeds 0-2.
 """
 
 from configs import base, common
@@ -57,6 +60,11 @@ SWEEPS = {
     ]
     + [
         {"model.positional_combine": "concat", "model.positional_dim": 16, "seed": seed}
+        for seed in SEEDS
+    ],
+    "score": [
+        {"data.scan_split": "simple", "model.score": score, "seed": seed}
+        for score in ("scaled_dot", "dot", "general", "additive")
         for seed in SEEDS
     ],
 }
