@@ -28,7 +28,8 @@ Presets (`--config=configs/multi30k.py:NAME`):
               --vectorize --workdir=runs/sweeps
         Sweeps for it (seeds 0-2 each; the sweep's seeds.md gives mean ± std): `score`
         (scaled_dot, dot, general, additive), `norm_warmup` (post-/pre-LN x the paper's
-        warmup schedule / a constant 1e-3 without warmup), `value_rank` (32, 16, 8, 4,
+        warmup schedule / a constant 1e-3 without warmup), `norm_peak` (post-/pre-LN at the
+        paper's peak rate 8.8e-3 from step 0, no warmup), `value_rank` (32, 16, 8, 4,
         0 = full: last, as it is `score`'s scaled_dot cell again), `base` (sinusoid base 10
         ... 100,000), `combine` (positions added to the 64-wide embedding vs 48 + 16
         concatenated). Run so far: `score`, `norm_warmup` (see the README).
@@ -105,6 +106,18 @@ SWEEPS = {
                     "optim.warmup_steps": 0,
                 },
             )
+        ]
+    ),
+    # The paper's peak rate for this preset, d_model^-0.5 * 200^-0.5 = 8.8e-3, from step 0.
+    "norm_peak": _seeded(
+        [
+            {
+                "model.norm_position": norm,
+                "optim.schedule": "constant",
+                "optim.learning_rate": 8.8e-3,
+                "optim.warmup_steps": 0,
+            }
+            for norm in ("post", "pre")
         ]
     ),
     "value_rank": _seeded([{"model.value_rank": r} for r in (32, 16, 8, 4, 0)]),
