@@ -32,7 +32,8 @@ Presets (`--config=configs/multi30k.py:NAME`):
         paper's peak rate 8.8e-3 from step 0, no warmup), `value_rank` (32, 16, 8, 4,
         0 = full: last, as it is `score`'s scaled_dot cell again), `base` (sinusoid base 10
         ... 100,000), `combine` (positions added to the 64-wide embedding vs 48 + 16
-        concatenated). Run so far: `score`, `norm_warmup` (see the README).
+        concatenated). Run so far: `score`, `norm_warmup`,
+        `value_rank` but its full cell (see the README).
   tiny  seconds, for the tests (needs only a small multi30k/ folder with a SHA256SUMS file).
 """
 
