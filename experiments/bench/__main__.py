@@ -52,6 +52,35 @@ def _define_flags() -> None:
         "(default: the datasheet figure of experiments.bench.mfu.PEAK_FLOPS when the device is "
         "listed there).",
     )
+    flags.DEFINE_float(
+        "dropout",
+        None,
+        "Dropout rate of the benchmarked models, both sides (default: the shape's, 0.1).",
+    )
+    flags.DEFINE_enum(
+        "dropout_mask_bits",
+        "32",
+        ["32", "16"],
+        "Experimental: 16 draws dropout masks from 16-bit uniforms, two per random word "
+        "(tfjax.nn.layers.keep_mask_16); 32 is jax.random.bernoulli (Flax's masks).",
+    )
+    flags.DEFINE_bool(
+        "norm_vjp",
+        False,
+        "Experimental: layer norm with a hand-written backward pass (tfjax.nn.layers.NORM_VJP).",
+    )
+    flags.DEFINE_bool(
+        "flatten_optimizer",
+        False,
+        "Run tfjax's Adam on all parameters raveled into one vector (optax.flatten): one "
+        "update over 209M floats instead of one per parameter array.",
+    )
+    flags.DEFINE_string(
+        "trace_dir",
+        None,
+        "After the timed steps, trace 3 more tfjax train steps with jax.profiler into this "
+        "folder (a Perfetto trace; `python -m experiments.bench.profile DIR` summarises it).",
+    )
     flags.DEFINE_string(
         "peer", "", f"Framework timed beside tfjax in `train`: '' or one of {suite.PEERS}."
     )
@@ -70,6 +99,11 @@ def main(argv):
     if runtime.should_tune_malloc(FLAGS.tune_malloc):
         runtime.tune_glibc_malloc()  # before the first JAX computation (see tfjax.training.runtime)
     cli.no_arguments(argv)
+    from tfjax.nn import layers
+
+    if FLAGS.dropout_mask_bits == "16":
+        layers.MASK_BITS = 16
+    layers.NORM_VJP = FLAGS.norm_vjp
     suite.check_options(FLAGS.bench, FLAGS.peer, FLAGS.warmup)  # one line and status 2 if bad
     results = suite.run(
         FLAGS.bench,
@@ -82,6 +116,9 @@ def main(argv):
         attention_impl=FLAGS.attention_impl,
         peak_flops=FLAGS.peak_flops,
         prng_impl=FLAGS.prng_impl,
+        dropout=FLAGS.dropout,
+        flatten_optimizer=FLAGS.flatten_optimizer,
+        trace_dir=FLAGS.trace_dir,
     )
     for result in results:
         print(json.dumps(result), flush=True)

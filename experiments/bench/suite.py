@@ -68,6 +68,9 @@ def run(
     attention_impl: str = "auto",
     peak_flops: float | None = None,
     prng_impl: str | None = None,
+    dropout: float | None = None,
+    flatten_optimizer: bool = False,
+    trace_dir: str | None = None,
 ) -> Iterator[dict]:
     """Runs `benches` in order, yielding each one's result as soon as it is complete.
 
@@ -77,9 +80,15 @@ def run(
       batch: batch size; None = the shape's.
       dtype: compute dtype.
       repeats, warmup: timed and untimed calls per measurement.
-      peer, attention_impl, peak_flops, prng_impl: options of `train.bench_train`.
+      peer, attention_impl, peak_flops, prng_impl, flatten_optimizer, trace_dir: options of
+        `train.bench_train`.
+      dropout: the models' dropout rate, both sides (None: the shape's).
     """
     model_shape = workload.SHAPES[shape_name]
+    if dropout is not None:
+        if not 0.0 <= dropout < 1.0:
+            raise cli.UsageError(f"--dropout={dropout}: expected a rate in [0, 1)")
+        model_shape = {**model_shape, "dropout_rate": dropout}
     requested_batch = batch  # the depth bench has its own default
     batch = model_shape["batch"] if batch is None else batch
     if peer and "train" in benches:
@@ -95,6 +104,8 @@ def run(
             attention_impl=attention_impl,
             peak_flops=peak_flops,
             prng_impl=prng_impl,
+            flatten_optimizer=flatten_optimizer,
+            trace_dir=trace_dir,
             **common,
         ),
         "decode": functools.partial(decode.bench_decode, peer=peer, **common),

@@ -30,6 +30,8 @@ import jax
 from experiments.bench import flax_peer, mfu, rss, timing, torch_peer, workload
 from tfjax.training import runtime
 
+TRACED_STEPS = 3
+
 
 def peer_device(platform: str) -> str:
     """Where the torch peer runs: "cuda" when JAX computes on a GPU, else "cpu"."""
@@ -122,10 +124,18 @@ def bench_train(
     attention_impl: str = "auto",
     peak_flops: float | None = None,
     prng_impl: str | None = None,
+    flatten_optimizer: bool = False,
+    trace_dir: str | None = None,
 ) -> dict:
-    """Train-step throughput of tfjax; with `peer`, timed in alternation with that framework."""
+    """Train-step throughput of tfjax; with `peer`, timed in alternation with that framework.
+
+    `flatten_optimizer` runs tfjax's Adam on one raveled vector (`workload.make_train_step`);
+    `trace_dir` traces `TRACED_STEPS` more tfjax steps with `jax.profiler` after the timing.
+    """
     data = workload.random_batch(batch, shape)
-    run, num_params = workload.make_train_step(data, dtype, shape, attention_impl, prng_impl)
+    run, num_params = workload.make_train_step(
+        data, dtype, shape, attention_impl, prng_impl, flatten_optimizer=flatten_optimizer
+    )
     tokens = batch * shape["target_len"]
     device = jax.devices()[0]
     if peer:
@@ -135,6 +145,10 @@ def bench_train(
         first, times, peer_times = timing.time_pairs(run, peer_step, repeats, warmup)
     else:
         first, times = timing.time_calls(run, repeats, warmup)
+    if trace_dir:
+        with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+            for _ in range(TRACED_STEPS):
+                jax.block_until_ready(run())
     median_time = statistics.median(times)
     out = {
         "bench": "train",
@@ -145,7 +159,11 @@ def bench_train(
         "attention_impl": attention_impl,
         "prng_impl": str(jax.random.key_impl(jax.random.key(0, impl=prng_impl))),
         "num_params": num_params,
+        "optimizer": "adam on one raveled vector" if flatten_optimizer else "adam per array",
+        "dropout_rate": shape["dropout_rate"],
     }
+    if trace_dir:
+        out["trace_dir"] = trace_dir
     if peer:
         out["peer"] = _peer_result(peer, peer_first, times, peer_times, tokens, shape, peer_where)
     if peer == "flax" and shape is workload.SHAPE and device.platform == "cpu":

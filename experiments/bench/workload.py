@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
+import optax
 from flax import linen as nn
 
 from tfjax import models
@@ -84,6 +85,8 @@ def make_train_step(
     shape: dict = SHAPE,
     attention_impl: str = "auto",
     prng_impl: str | None = None,
+    *,
+    flatten_optimizer: bool = False,
 ) -> tuple[Callable[[], dict], int]:
     """One jitted tfjax train step on `data`, as a closure that carries its state.
 
@@ -93,12 +96,16 @@ def make_train_step(
       shape: a `SHAPES` entry.
       attention_impl: `ModelConfig.attention_impl`.
       prng_impl: PRNG implementation of the dropout key (None: JAX's default).
+      flatten_optimizer: wrap the optimizer in `optax.flatten`: its state and update are one
+        vector over all parameters, so the update is a few large kernels, not one per array.
 
     Returns:
       (`run() -> metrics`, which donates and replaces the train state, parameter count).
     """
     model = create_model(dtype, shape, attention_impl)
     optimizer, schedule = optim.make_optimizer(optim.OptimConfig(), shape["embed_dim"])
+    if flatten_optimizer:
+        optimizer = optax.flatten(optimizer)
     state = steps.create_train_state(model, optimizer, jax.random.key(0), data, "encoder_decoder")
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     step = jax.jit(

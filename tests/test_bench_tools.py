@@ -1,0 +1,208 @@
+"""The bench's profile summary (`experiments.bench.profile`), its variant runner
+(`experiments.bench.variants`) and the train bench's --dropout / --trace_dir options."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from experiments import cli
+from experiments.bench import profile, suite, train, variants
+
+# A made-up trace: one GPU with a compute stream and the derived "XLA Ops" line (which repeats
+# the stream's kernels and must not be counted twice), and a host thread that is not a kernel.
+_TRACE = [
+    {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+    {"ph": "M", "pid": 1, "tid": 7, "name": "thread_name", "args": {"name": "Stream #7(Compute)"}},
+    {"ph": "M", "pid": 1, "tid": 9, "name": "thread_name", "args": {"name": "XLA Ops"}},
+    {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}},
+    {"ph": "M", "pid": 2, "tid": 1, "name": "thread_name", "args": {"name": "__main__.py"}},
+    # stream kernels (microseconds): [0, 100) gemm, [100, 130) fusion, [120, 150) reduce
+    # (overlapping the fusion by 10), gap, [200, 260) cudnn attention, [260, 300) gemm
+    {"ph": "X", "pid": 1, "tid": 7, "ts": 0, "dur": 100, "name": "nvjet_sm90_tst_NNT"},
+    {"ph": "X", "pid": 1, "tid": 7, "ts": 100, "dur": 30, "name": "loop_add_fusion_3"},
+    {"ph": "X", "pid": 1, "tid": 7, "ts": 120, "dur": 30, "name": "input_reduce_fusion_12"},
+    {"ph": "X", "pid": 1, "tid": 7, "ts": 200, "dur": 60, "name": "cudnn_sdpa_fprop"},
+    {"ph": "X", "pid": 1, "tid": 7, "ts": 260, "dur": 40, "name": "nvjet_sm90_tst_NNT"},
+    {"ph": "X", "pid": 1, "tid": 9, "ts": 0, "dur": 300, "name": "fusion.1"},
+    {"ph": "X", "pid": 2, "tid": 1, "ts": 0, "dur": 999, "name": "$main.py:1 step"},
+]
+
+
+def test_summarize_counts_stream_kernels_once_per_step():
+    s = profile.summarize(_TRACE, steps=2)
+    assert s["kernels_per_step"] == 5 / 2
+    assert s["span_ms"] == pytest.approx(300 / 2 / 1000)
+    # busy: [0, 150) and [200, 300) = 250 us; the 10 us overlap is counted once
+    assert s["busy_ms"] == pytest.approx(250 / 2 / 1000)
+    assert s["gaps_ms"] == pytest.approx(50 / 2 / 1000)
+    assert s["kernel_ms"] == pytest.approx(260 / 2 / 1000)
+    assert s["by_category_ms"] == pytest.approx(
+        {"matmul": 0.07, "attention": 0.03, "reduction": 0.015, "elementwise": 0.015}
+    )
+    top = s["top"][0]
+    assert (top["name"], top["calls"], top["category"]) == ("nvjet_sm90_tst_NNT", 1.0, "matmul")
+    assert top["ms"] == pytest.approx(0.07)
+
+
+def test_summarize_falls_back_to_the_xla_ops_line_and_to_cpu_operations():
+    tpu_like = [e for e in _TRACE if e.get("tid") != 7]
+    s = profile.summarize(tpu_like, steps=1)
+    assert (s["kernels_per_step"], s["span_ms"]) == (1, pytest.approx(0.3))
+    cpu = [
+        {"ph": "M", "pid": 5, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "M", "pid": 5, "tid": 2, "name": "thread_name", "args": {"name": "tf_XLAEigen/1"}},
+        {"ph": "X", "pid": 5, "tid": 2, "ts": 0, "dur": 8, "name": "dot.4"},
+        {"ph": "X", "pid": 5, "tid": 2, "ts": 0, "dur": 10, "name": "ThunkExecutor::Execute"},
+    ]
+    s = profile.summarize(cpu, steps=1)
+    assert s["kernels_per_step"] == 1 and s["by_category_ms"] == {"matmul": 0.008}
+    with pytest.raises(ValueError, match="no device kernels"):
+        profile.summarize(cpu[:2], steps=1)
+    with pytest.raises(ValueError, match="steps=0"):
+        profile.summarize(_TRACE, steps=0)
+
+
+@pytest.mark.parametrize(
+    "name, want",
+    [
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop", "attention"),
+        ("gemm_fusion_dot_general_204", "matmul"),
+        ("input_add_reduce_fusion_2", "reduction"),
+        ("loop_slice_fusion", "copy"),
+        ("loop_add_compare_fusion_1", "elementwise"),
+        ("wrapped_broadcast", "other"),
+    ],
+)
+def test_kernel_categories(name, want):
+    assert profile.category(name) == want
+
+
+def test_profile_command_says_what_is_missing(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.bench.profile", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: no perfetto_trace.json.gz under")
+    assert "--trace_dir" in proc.stderr and "Traceback" not in proc.stderr
+
+
+_TINY = dict(
+    vocab_size=64,
+    embed_dim=32,
+    num_layers=1,
+    num_decoder_layers=1,
+    num_heads=2,
+    mlp_dim=64,
+    dropout_rate=0.1,
+    batch=2,
+    source_len=8,
+    target_len=8,
+)
+
+
+def test_train_bench_traces_steps_that_the_summary_reads(tmp_path):
+    out = train.bench_train(
+        repeats=1, batch=2, dtype="float32", shape=_TINY, trace_dir=str(tmp_path)
+    )
+    assert out["trace_dir"] == str(tmp_path) and out["dropout_rate"] == 0.1
+    assert out["optimizer"] == "adam per array"
+    summary = profile.main([str(tmp_path), f"--steps={train.TRACED_STEPS}"])
+    assert summary == 0
+    events = json.load(__import__("gzip").open(profile.find_trace(str(tmp_path))))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert profile.summarize(events, train.TRACED_STEPS)["kernels_per_step"] > 10
+
+
+def test_flattened_adam_makes_the_same_update():
+    """optax.flatten ravels the parameters for Adam; the step must not change the numbers."""
+    from experiments.bench import workload
+
+    data = workload.random_batch(2, _TINY)
+    per_array, _ = workload.make_train_step(data, "float32", _TINY)
+    flat, _ = workload.make_train_step(data, "float32", _TINY, flatten_optimizer=True)
+    for _ in range(3):
+        a, b = jax.device_get(per_array()), jax.device_get(flat())
+    np.testing.assert_allclose(a["loss_sum"], b["loss_sum"], rtol=1e-5)
+    np.testing.assert_allclose(a["grad_norm"], b["grad_norm"], rtol=1e-4)
+
+
+def test_suite_rejects_a_dropout_rate_outside_0_1():
+    with pytest.raises(cli.UsageError, match=r"--dropout=1\.0"):
+        next(
+            suite.run(
+                ["train"],
+                shape_name="base",
+                batch=2,
+                dtype="float32",
+                repeats=1,
+                warmup=1,
+                dropout=1.0,
+            )
+        )
+
+
+def _result(rate):
+    return {"target_tokens_per_second": {"median": rate}}
+
+
+def test_winners_beat_the_slower_baseline_by_more_than_the_spread():
+    results = {
+        "base": _result(100.0),
+        "base_again": _result(104.0),  # 100 + spread 4: a winner needs > 104 * 1.01
+        "cublaslt": _result(105.5),
+        "flat_adam": _result(104.5),
+        "no_dropout": _result(200.0),  # a diagnostic never joins
+        "command_buffers": None,  # failed
+    }
+    assert variants.winners(results) == ["cublaslt"]
+    assert variants.winners({}) == []
+    bench_flags, xla_flags, kind = variants.combine(["flat_adam", "no_triton_gemm"])
+    assert bench_flags == ("--flatten_optimizer",)
+    assert xla_flags == ("--xla_gpu_enable_triton_gemm=false",) and kind == "option"
+
+
+def test_variant_commands_add_their_flags(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/d")
+    argv, env = variants.command("base_again", "OUT")
+    assert argv[1:3] == ["-m", "experiments.bench"] and "--trace_dir=OUT/trace" in argv
+    assert set(variants.BASE_ARGS) <= set(argv) and env["XLA_FLAGS"] == "--xla_dump_to=/tmp/d"
+    _, env = variants.command("cublaslt", "OUT")
+    assert env["XLA_FLAGS"] == "--xla_dump_to=/tmp/d --xla_gpu_enable_cublaslt=true"
+
+
+def test_variants_command_line_checks_names_and_lists(tmp_path, capsys):
+    assert variants.main([f"--out={tmp_path}", "--only=base,nonsense"]) == 2
+    assert "nonsense" in capsys.readouterr().err
+    assert variants.main(["--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == list(variants.VARIANTS)
+    assert variants.main([]) == 2
+
+
+@pytest.mark.slow
+def test_variants_run_in_order_and_record_results(tmp_path):
+    """Two real bench processes on a tiny batch; the budget stops the third."""
+    code = variants.main(
+        [
+            f"--out={tmp_path}",
+            "--only=base,flat_adam,no_dropout",
+            "--base_args=--bench=train --batch=2 --warmup=1 --repeats=1",
+            "--budget=10000",
+        ]
+    )
+    assert code == 0
+    lines = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [x["variant"] for x in lines] == ["base", "flat_adam", "no_dropout"]
+    assert [x["optimizer"] for x in lines] == [
+        "adam per array",
+        "adam on one raveled vector",
+        "adam per array",
+    ]
+    assert [x["dropout_rate"] for x in lines] == [0.1, 0.1, 0.0]
+    assert (tmp_path / "log.txt").read_text().count("=== ") == 3
