@@ -496,6 +496,23 @@ def test_dropout_with_a_traced_rate_draws_the_masks_of_the_static_rate():
     assert 0.35 < float(np.mean(traced[2] == 0)) < 0.65
 
 
+def test_dropout_with_a_traced_rate_keeps_a_bf16_input_in_bf16():
+    """A traced rate is a float32 scalar: dividing by it must not promote a bf16 activation."""
+    from tfjax.nn import layers
+
+    x = jax.numpy.full((2, 32), 2.0, jax.numpy.bfloat16)
+
+    def drop(rate):
+        return layers.Dropout(rate).apply(
+            {}, x, deterministic=False, rngs={"dropout": jax.random.key(5)}
+        )
+
+    traced = jax.jit(jax.vmap(drop))(np.array([0.0, 0.5], np.float32))
+    assert traced.dtype == jax.numpy.bfloat16
+    np.testing.assert_array_equal(traced[1], drop(0.5))
+    assert set(np.unique(np.asarray(traced[1], np.float32))) <= {0.0, 4.0}
+
+
 def test_extract_finds_a_trial_saved_before_new_model_options():
     full = build.config_dict(config_utils.load_config("configs/base.py:tiny", []))
     older = json.loads(json.dumps(full))

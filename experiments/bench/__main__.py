@@ -57,18 +57,6 @@ def _define_flags() -> None:
         None,
         "Dropout rate of the benchmarked models, both sides (default: the shape's, 0.1).",
     )
-    flags.DEFINE_enum(
-        "dropout_mask_bits",
-        "32",
-        ["32", "16"],
-        "Experimental: 16 draws dropout masks from 16-bit uniforms, two per random word "
-        "(tfjax.nn.layers.keep_mask_16); 32 is jax.random.bernoulli (Flax's masks).",
-    )
-    flags.DEFINE_bool(
-        "norm_vjp",
-        False,
-        "Experimental: layer norm with a hand-written backward pass (tfjax.nn.layers.NORM_VJP).",
-    )
     flags.DEFINE_bool(
         "flatten_optimizer",
         False,
@@ -99,11 +87,6 @@ def main(argv):
     if runtime.should_tune_malloc(FLAGS.tune_malloc):
         runtime.tune_glibc_malloc()  # before the first JAX computation (see tfjax.training.runtime)
     cli.no_arguments(argv)
-    from tfjax.nn import layers
-
-    if FLAGS.dropout_mask_bits == "16":
-        layers.MASK_BITS = 16
-    layers.NORM_VJP = FLAGS.norm_vjp
     suite.check_options(FLAGS.bench, FLAGS.peer, FLAGS.warmup)  # one line and status 2 if bad
     results = suite.run(
         FLAGS.bench,

@@ -51,8 +51,6 @@ VARIANTS = {
     "cudnn_layer_norm": ((), ("--xla_gpu_enable_cudnn_layer_norm=true",), "option"),
     "batch_128": (("--batch=128",), (), "diagnostic"),
     "no_triton_gemm": ((), ("--xla_gpu_enable_triton_gemm=false",), "option"),
-    "mask16": (("--dropout_mask_bits=16",), (), "option"),
-    "norm_vjp": (("--norm_vjp",), (), "option"),
     "rbg": (("--prng_impl=rbg",), (), "option"),
     "no_triton_gemm_trace": (
         ("--trace_dir={out}/trace",),

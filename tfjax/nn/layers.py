@@ -15,7 +15,6 @@ Sources:
 Norm statistics are computed in float32 and cast back to the compute dtype.
 """
 
-import functools
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +22,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int
 
 from tfjax.nn import linear
@@ -41,8 +39,6 @@ def layer_norm(
     eps: float = 1e-6,
 ) -> Float[Array, "*B D"]:
     """gamma * (x - mean) / sqrt(var + eps) + beta over the last axis, statistics in float32."""
-    if NORM_VJP:
-        return _layer_norm_vjp(x, scale, bias, eps)
     x32 = x.astype(jnp.float32)
     mean = jnp.mean(x32, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
@@ -50,46 +46,6 @@ def layer_norm(
     if bias is not None:
         y = y + bias.astype(jnp.float32)
     return y.astype(x.dtype)
-
-
-# Experimental (issue 22, GPU): True = `layer_norm` with a hand-written backward pass that
-# keeps only x and per-row statistics (no forward-mode derivative).
-NORM_VJP = False
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _layer_norm_vjp(x, scale, bias, eps):
-    return _layer_norm_fwd(x, scale, bias, eps)[0]
-
-
-def _layer_norm_fwd(x, scale, bias, eps):
-    x32 = x.astype(jnp.float32)
-    mean = jnp.mean(x32, axis=-1, keepdims=True)
-    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True) + eps)
-    y = (x32 - mean) * rstd * scale.astype(jnp.float32)
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(x.dtype), (x, mean, rstd, scale, bias)
-
-
-def _layer_norm_bwd(eps, res, g):
-    del eps
-    x, mean, rstd, scale, bias = res
-    g32 = g.astype(jnp.float32)
-    xhat = (x.astype(jnp.float32) - mean) * rstd
-    rows = tuple(range(g.ndim - 1))
-    d_scale = jnp.sum(g32 * xhat, axis=rows).astype(scale.dtype)
-    d_bias = None if bias is None else jnp.sum(g32, axis=rows).astype(bias.dtype)
-    gs = g32 * scale.astype(jnp.float32)
-    dx = rstd * (
-        gs
-        - jnp.mean(gs, axis=-1, keepdims=True)
-        - xhat * jnp.mean(gs * xhat, axis=-1, keepdims=True)
-    )
-    return dx.astype(x.dtype), d_scale, d_bias
-
-
-_layer_norm_vjp.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
 def rms_norm(
@@ -288,33 +244,9 @@ class Dropout(nn.Module):
         if static and self.rate == 1.0:
             return jnp.zeros_like(inputs)
         keep_prob = 1.0 - self.rate
-        if MASK_BITS == 16:
-            keep, keep_prob = keep_mask_16(self.make_rng("dropout"), keep_prob, inputs.shape)
-        else:
-            keep = jax.random.bernoulli(self.make_rng("dropout"), p=keep_prob, shape=inputs.shape)
+        keep = jax.random.bernoulli(self.make_rng("dropout"), p=keep_prob, shape=inputs.shape)
         scaled = (inputs / keep_prob).astype(inputs.dtype)
         return jax.lax.select(keep, scaled, jnp.zeros_like(inputs))
-
-
-# Experimental (issue 22, GPU): 16 = `keep_mask_16` masks in every `Dropout`.
-MASK_BITS = 32
-_TWO16 = 65536
-
-
-def keep_mask_16(key: jax.Array, keep_prob, shape: tuple[int, ...]):
-    """A keep mask drawn from 16-bit uniforms, two per 32-bit random word (half the hashing of
-    `jax.random.bernoulli`, which spends one threefry hash per element), and the keep
-    probability it realises: round(keep_prob * 2^16) / 2^16 (divide by it to stay unbiased).
-    """
-    *lead, d = shape
-    half = (d + 1) // 2
-    words = jax.random.bits(key, (*lead, half), jnp.uint32)
-    halves = jnp.concatenate([words & 0xFFFF, words >> 16], axis=-1)[..., :d]
-    if isinstance(keep_prob, numbers.Real):  # a Python rate: the threshold is a constant
-        threshold = round(keep_prob * _TWO16)
-        return halves < np.uint32(threshold), threshold / _TWO16
-    threshold = jnp.round(jnp.asarray(keep_prob, jnp.float32) * _TWO16)
-    return halves < threshold.astype(jnp.uint32), threshold / _TWO16
 
 
 class Residual(nn.Module):
