@@ -231,3 +231,25 @@ def test_make_optimizer_jits():
     update, state = jax.jit(optimizer.update)(params, state, params)
     assert jax.tree.structure(update) == jax.tree.structure(params)
     assert callable(schedule)
+
+
+def test_global_norm_is_the_norm_of_all_elements_on_every_platform():
+    from tfjax.training import steps
+
+    tree = {
+        "a": jnp.arange(6.0).reshape(2, 3),  # 0+1+4+9+16+25 = 55
+        "b": [jnp.full((4,), 2.0, jnp.bfloat16), jnp.array(3.0)],  # 16 + 9
+    }
+    want = np.sqrt(80.0)
+    np.testing.assert_allclose(steps.global_norm(tree), want, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(steps.global_norm)(tree), want, rtol=1e-6)
+    leaves = jax.tree.leaves(tree)
+    np.testing.assert_allclose(steps._norm_per_array(leaves), want, rtol=1e-6)
+    np.testing.assert_allclose(steps._norm_raveled(leaves), want, rtol=1e-6)
+    assert steps.global_norm({}) == 0.0
+    # The CPU program reduces one raveled vector; a GPU/TPU program one sum per array (a
+    # concatenation of FSDP-sharded leaves would gather them).
+    cpu = jax.jit(steps.global_norm).lower(tree).as_text()
+    assert cpu.count("concatenate") == 1
+    gpu = jax.export.export(jax.jit(steps.global_norm), platforms=["cuda"])(tree)
+    assert "concatenate" not in gpu.mlir_module()
