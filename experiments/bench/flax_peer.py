@@ -236,7 +236,8 @@ def make_train_step(
       learning_rate: None = the paper schedule (what the benchmark uses); a float = constant.
 
     Returns:
-      `step() -> loss` (a jax scalar; the timers wait for it).
+      `step() -> loss` (a jax scalar; the timers wait for it); `step.lower()` lowers it for
+      the current state without running it.
     """
     model = build_model(shape, dtype)
     params = init_params(model, batch)
@@ -274,6 +275,7 @@ def make_train_step(
         holder["state"], loss = step_fn(holder["state"], data, rng)
         return loss
 
+    run.lower = lambda: step_fn.lower(holder["state"], data, rng)  # AOT, for rss.py
     return run
 
 

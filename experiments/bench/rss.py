@@ -3,7 +3,9 @@
 Timed in one process, the two sides share one peak RSS (the train line's `peak_rss_bytes`). To
 compare the memory each would need alone, `peak_rss_alone` starts a fresh Python process per
 side that builds that side's train step at the benchmark shape, runs `steps` steps and reports
-its own peak RSS (ru_maxrss, which includes the interpreter, JAX and the compiled program). The
+its own peak RSS (ru_maxrss, which includes the interpreter, JAX and the compiled program), and
+the peak so far at three points (`phases`): the state built, the step compiled ahead of time
+(`lower().compile()`, XLA's compile-time memory), and the steps run. The
 child inherits the environment (`JAX_PLATFORMS`, XLA flags) and gets the parent's allocator
 state: glibc malloc is tuned in the child exactly when it is in the parent.
 
@@ -52,14 +54,14 @@ def _child(side: str, batch: int, steps: int, tune_malloc: bool, dtype: str) -> 
         run, _ = workload.make_train_step(data, dtype, shape)
     else:
         run = flax_peer.make_train_step(shape, data, dtype=dtype)
+    phases = {"built": environment.peak_rss_bytes()}
+    run.lower().compile()  # the same program the first call compiles (and caches)
+    phases["compiled"] = environment.peak_rss_bytes()
     for _ in range(steps):
         jax.block_until_ready(run())
-    rss = environment.peak_rss_bytes()
-    print(
-        json.dumps(
-            {"side": side, "peak_rss_bytes": rss, "host_malloc": runtime.malloc_description()}
-        )
-    )
+    phases["trained"] = rss = environment.peak_rss_bytes()
+    line = {"side": side, "peak_rss_bytes": rss, "phases": phases}
+    print(json.dumps({**line, "host_malloc": runtime.malloc_description()}))
 
 
 if __name__ == "__main__":

@@ -100,7 +100,8 @@ def make_train_step(
         vector over all parameters, so the update is a few large kernels, not one per array.
 
     Returns:
-      (`run() -> metrics`, which donates and replaces the train state, parameter count).
+      (`run() -> metrics`, which donates and replaces the train state, parameter count);
+      `run.lower()` lowers the step for the current state without running it.
     """
     model = create_model(dtype, shape, attention_impl)
     optimizer, schedule = optim.make_optimizer(optim.OptimConfig(), shape["embed_dim"])
@@ -121,4 +122,5 @@ def make_train_step(
         holder["state"], metrics = step(holder["state"], data, dropout_key)
         return metrics
 
+    run.lower = lambda: step.lower(holder["state"], data, dropout_key)  # AOT, for rss.py
     return run, num_params
