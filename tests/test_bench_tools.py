@@ -119,6 +119,7 @@ def test_train_bench_traces_steps_that_the_summary_reads(tmp_path):
     assert profile.summarize(events, train.TRACED_STEPS)["kernels_per_step"] > 10
 
 
+@pytest.mark.slow
 def test_flattened_adam_makes_the_same_update():
     """optax.flatten ravels the parameters for Adam; the step must not change the numbers."""
     from experiments.bench import workload
