@@ -184,6 +184,12 @@ def test_variants_command_line_checks_names_and_lists(tmp_path, capsys):
     listed = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in listed] == list(variants.VARIANTS)
     assert variants.main([]) == 2
+    assert variants.main([f"--out={tmp_path}", "--budjet=10"]) == 2
+    assert "budjet" in capsys.readouterr().err
+    assert variants.main([f"--out={tmp_path}", "--budget=ten"]) == 2
+    assert "take seconds" in capsys.readouterr().err
+    assert profile.main([str(tmp_path), "--steps=three"]) == 2
+    assert profile.main([str(tmp_path), "--step=3"]) == 2
 
 
 @pytest.mark.slow

@@ -137,11 +137,9 @@ def format_summary(s: dict) -> str:
 
 def main(argv: list[str]) -> int:
     args = [a for a in argv if not a.startswith("--")]
-    steps = 3
-    for a in argv:
-        if a.startswith("--steps="):
-            steps = int(a.split("=", 1)[1])
-    if len(args) != 1:
+    options = [a for a in argv if a.startswith("--")]
+    steps = options[0].removeprefix("--steps=") if len(options) == 1 else "3"
+    if len(args) != 1 or len(options) > 1 or not steps.isdigit():
         print("usage: python -m experiments.bench.profile TRACE_DIR [--steps=3]", file=sys.stderr)
         return 2
     try:
@@ -149,7 +147,7 @@ def main(argv: list[str]) -> int:
         with gzip.open(path) as f:
             trace = json.load(f)
         events = trace["traceEvents"] if isinstance(trace, dict) else trace
-        summary = summarize(events, steps)
+        summary = summarize(events, int(steps))
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

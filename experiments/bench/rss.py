@@ -55,7 +55,7 @@ def _child(side: str, batch: int, steps: int, tune_malloc: bool, dtype: str) -> 
     else:
         run = flax_peer.make_train_step(shape, data, dtype=dtype)
     phases = {"built": environment.peak_rss_bytes()}
-    run.lower().compile()  # the same program the first call compiles (and caches)
+    run.lower().compile()  # the program the first call compiles: XLA's compile-time memory
     phases["compiled"] = environment.peak_rss_bytes()
     for _ in range(steps):
         jax.block_until_ready(run())
