@@ -186,6 +186,8 @@ def test_variants_command_line_checks_names_and_lists(tmp_path, capsys):
     assert variants.main([]) == 2
     assert variants.main([f"--out={tmp_path}", "--budjet=10"]) == 2
     assert "budjet" in capsys.readouterr().err
+    assert variants.main([f"--out={tmp_path}", "--lsit"]) == 2  # a flag without a value too
+    assert "lsit" in capsys.readouterr().err
     assert variants.main([f"--out={tmp_path}", "--budget=ten"]) == 2
     assert "take seconds" in capsys.readouterr().err
     assert profile.main([str(tmp_path), "--steps=three"]) == 2

@@ -100,8 +100,7 @@ def tokens_per_second(result: dict | None) -> float | None:
 
 
 def winners(results: dict, variants: dict = VARIANTS) -> list[str]:
-    """Option variants more than 1% faster than the faster baseline (the slower one plus the
-    baselines' spread)."""
+    """Option variants more than 1% faster than the faster of the two baselines."""
     bases = [tokens_per_second(results.get(n)) for n in ("base", "base_again")]
     bases = [b for b in bases if b is not None]
     if not bases:
@@ -136,6 +135,10 @@ def row(name: str, result: dict | None, seconds: float) -> str:
 
 def main(argv: list[str]) -> int:
     opts = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+    extra = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")} - _OPTIONS - {"list"}
+    if extra:
+        print(f"unknown options {sorted(extra)}; known: {sorted(_OPTIONS)}, list", file=sys.stderr)
+        return 2
     if "--list" in argv:
         for name, (bench_flags, xla_flags, kind) in VARIANTS.items():
             print(f"{name:<18} {kind:<10} {' '.join(bench_flags + xla_flags)}")
@@ -143,25 +146,21 @@ def main(argv: list[str]) -> int:
     if "out" not in opts:
         print("usage: python -m experiments.bench.variants --out=DIR [--budget=S]", file=sys.stderr)
         return 2
-    extra = set(opts) - _OPTIONS
-    if extra:
-        print(f"unknown options {sorted(extra)}; known: {sorted(_OPTIONS)}", file=sys.stderr)
-        return 2
     try:
         budget, reserve = float(opts.get("budget", 520)), float(opts.get("reserve", 75))
         per_variant = float(opts.get("per_variant", 150))
     except ValueError as err:
         print(f"--budget, --reserve and --per_variant take seconds: {err}", file=sys.stderr)
         return 2
-    out = opts["out"]
-    os.makedirs(out, exist_ok=True)
     only = opts["only"].split(",") if "only" in opts else None
-    base_args = tuple(shlex.split(opts["base_args"])) if "base_args" in opts else BASE_ARGS
-    start = time.monotonic()
     unknown = set(only or ()) - set(VARIANTS) - {COMBINED}
     if unknown:
         print(f"unknown variants {sorted(unknown)}; --list names them", file=sys.stderr)
         return 2
+    out = opts["out"]
+    os.makedirs(out, exist_ok=True)
+    base_args = tuple(shlex.split(opts["base_args"])) if "base_args" in opts else BASE_ARGS
+    start = time.monotonic()
     variants = dict(VARIANTS)
     results: dict[str, dict | None] = {}
     lines = []
