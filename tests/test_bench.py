@@ -22,6 +22,7 @@ from experiments.bench import (
     depth,
     flax_peer,
     mfu,
+    residual,
     rss,
     suite,
     timing,
@@ -348,3 +349,21 @@ def test_modes_split_bimodal_timings_at_the_largest_jump():
 def test_modes_is_none_for_one_group(times):
     # within 1.5x of each other (0.44 / 0.3 = 1.47), or a single call
     assert timing.modes(times) is None
+
+
+def test_residual_bench_times_both_implementations_of_the_same_step():
+    out = residual.bench_residual(2, TINY["batch"], "float32", shape=TINY)
+    rows, width = TINY["batch"] * TINY["target_len"], TINY["embed_dim"]
+    assert (out["rows"], out["width"], out["dropout_rate"]) == (rows, width, TINY["dropout_rate"])
+    assert out["pallas_minimum_bytes"] == 8 * rows * width * 4
+    assert len(out["speedup_per_pair"]) == 2
+    for side in ("pallas_seconds", "xla_seconds"):
+        assert 0 < out[side]["min"] <= out[side]["median"] <= out[side]["max"]
+
+
+def test_train_bench_builds_the_model_with_the_fused_residual():
+    data = workload.random_batch(TINY["batch"], TINY)
+    model = workload.create_model("float32", TINY, residual_impl="pallas")
+    assert model.config.residual_impl == "pallas"
+    run, _ = workload.make_train_step(data, "float32", TINY, residual_impl="pallas")
+    assert np.isfinite(float(run()["loss_sum"]))

@@ -40,6 +40,13 @@ def _define_flags() -> None:
         "ModelConfig.attention_impl of the benchmarked model (cudnn: NVIDIA GPUs, bf16).",
     )
     flags.DEFINE_enum(
+        "residual_impl",
+        "xla",
+        ["xla", "pallas"],
+        "ModelConfig.residual_impl of the benchmarked model (pallas: the fused post-LN "
+        "residual + dropout + layer norm kernels of tfjax.nn.fused; Triton on NVIDIA GPUs).",
+    )
+    flags.DEFINE_enum(
         "prng_impl",
         None,
         ["threefry2x32", "rbg", "unsafe_rbg"],
@@ -102,6 +109,7 @@ def main(argv):
         dropout=FLAGS.dropout,
         flatten_optimizer=FLAGS.flatten_optimizer,
         trace_dir=FLAGS.trace_dir,
+        residual_impl=FLAGS.residual_impl,
     )
     for result in results:
         print(json.dumps(result), flush=True)

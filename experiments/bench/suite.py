@@ -16,13 +16,14 @@ from experiments.bench import (
     decode,
     depth,
     environment,
+    residual,
     sweep,
     torch_peer,
     train,
     workload,
 )
 
-BENCHES = ("train", "decode", "attention", "depth", "sweep")
+BENCHES = ("train", "decode", "attention", "depth", "sweep", "residual")
 PEERS = ("torch", "flax")
 
 
@@ -71,6 +72,7 @@ def run(
     dropout: float | None = None,
     flatten_optimizer: bool = False,
     trace_dir: str | None = None,
+    residual_impl: str = "xla",
 ) -> Iterator[dict]:
     """Runs `benches` in order, yielding each one's result as soon as it is complete.
 
@@ -80,7 +82,8 @@ def run(
       batch: batch size; None = the shape's.
       dtype: compute dtype.
       repeats, warmup: timed and untimed calls per measurement.
-      peer, attention_impl, peak_flops, prng_impl, flatten_optimizer, trace_dir: options of
+      peer, attention_impl, peak_flops, prng_impl, flatten_optimizer, trace_dir,
+        residual_impl: options of
         `train.bench_train`.
       dropout: the models' dropout rate, both sides (None: the shape's).
     """
@@ -106,6 +109,7 @@ def run(
             prng_impl=prng_impl,
             flatten_optimizer=flatten_optimizer,
             trace_dir=trace_dir,
+            residual_impl=residual_impl,
             **common,
         ),
         "decode": functools.partial(decode.bench_decode, peer=peer, **common),
@@ -114,6 +118,7 @@ def run(
             repeats, requested_batch, dtype, warmup=warmup
         ),
         "sweep": lambda repeats, _, dtype: sweep.bench_sweep(repeats, dtype),
+        "residual": functools.partial(residual.bench_residual, **common),
     }
     for name in benches:
         result = runners[name](repeats, batch, dtype)

@@ -126,6 +126,7 @@ def bench_train(
     prng_impl: str | None = None,
     flatten_optimizer: bool = False,
     trace_dir: str | None = None,
+    residual_impl: str = "xla",
 ) -> dict:
     """Train-step throughput of tfjax; with `peer`, timed in alternation with that framework.
 
@@ -134,7 +135,13 @@ def bench_train(
     """
     data = workload.random_batch(batch, shape)
     run, num_params = workload.make_train_step(
-        data, dtype, shape, attention_impl, prng_impl, flatten_optimizer=flatten_optimizer
+        data,
+        dtype,
+        shape,
+        attention_impl,
+        prng_impl,
+        flatten_optimizer=flatten_optimizer,
+        residual_impl=residual_impl,
     )
     tokens = batch * shape["target_len"]
     device = jax.devices()[0]
@@ -157,6 +164,7 @@ def bench_train(
         "compile_seconds": first - median_time,
         **_utilisation(batch, shape, median_time, device, dtype, peak_flops),
         "attention_impl": attention_impl,
+        "residual_impl": residual_impl,
         "prng_impl": str(jax.random.key_impl(jax.random.key(0, impl=prng_impl))),
         "num_params": num_params,
         "optimizer": "adam on one raveled vector" if flatten_optimizer else "adam per array",

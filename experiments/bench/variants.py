@@ -52,6 +52,12 @@ VARIANTS = {
     "batch_128": (("--batch=128",), (), "diagnostic"),
     "no_triton_gemm": ((), ("--xla_gpu_enable_triton_gemm=false",), "option"),
     "rbg": (("--prng_impl=rbg",), (), "option"),
+    "fused_residual": (("--residual_impl=pallas",), (), "option"),
+    "no_triton_gemm_fused": (
+        ("--residual_impl=pallas",),
+        ("--xla_gpu_enable_triton_gemm=false",),
+        "option",
+    ),
     "no_triton_gemm_trace": (
         ("--trace_dir={out}/trace",),
         ("--xla_gpu_enable_triton_gemm=false",),

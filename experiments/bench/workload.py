@@ -52,7 +52,9 @@ def model_fields(shape: dict) -> dict:
     return {k: v for k, v in shape.items() if k not in _DATA_FIELDS}
 
 
-def create_model(dtype: str, shape: dict = SHAPE, attention_impl: str = "auto") -> nn.Module:
+def create_model(
+    dtype: str, shape: dict = SHAPE, attention_impl: str = "auto", residual_impl: str = "xla"
+) -> nn.Module:
     """The tfjax encoder-decoder of `shape` computing in `dtype`; max_len = max(512, S, L)."""
     return models.create_model(
         models.ModelConfig(
@@ -60,6 +62,7 @@ def create_model(dtype: str, shape: dict = SHAPE, attention_impl: str = "auto") 
             max_len=max(512, shape["source_len"], shape["target_len"]),
             dtype=dtype,
             attention_impl=attention_impl,
+            residual_impl=residual_impl,
         )
     )
 
@@ -87,6 +90,7 @@ def make_train_step(
     prng_impl: str | None = None,
     *,
     flatten_optimizer: bool = False,
+    residual_impl: str = "xla",
 ) -> tuple[Callable[[], dict], int]:
     """One jitted tfjax train step on `data`, as a closure that carries its state.
 
@@ -98,12 +102,13 @@ def make_train_step(
       prng_impl: PRNG implementation of the dropout key (None: JAX's default).
       flatten_optimizer: wrap the optimizer in `optax.flatten`: its state and update are one
         vector over all parameters, so the update is a few large kernels, not one per array.
+      residual_impl: `ModelConfig.residual_impl` ("pallas": the fused post-LN kernels).
 
     Returns:
       (`run() -> metrics`, which donates and replaces the train state, parameter count);
       `run.lower()` lowers the step for the current state without running it.
     """
-    model = create_model(dtype, shape, attention_impl)
+    model = create_model(dtype, shape, attention_impl, residual_impl)
     optimizer, schedule = optim.make_optimizer(optim.OptimConfig(), shape["embed_dim"])
     if flatten_optimizer:
         optimizer = optax.flatten(optimizer)

@@ -35,6 +35,9 @@ class ModelConfig:
     `positional_dim` is the position width when positions are concatenated.
     `attention_impl` names one of `attention.IMPLEMENTATIONS`: "chunked" runs every attention
     in blocks with an online softmax (`attention.chunked`), its memory linear in the length.
+    `residual_impl="pallas"` runs each post-LN residual step LayerNorm(x + dropout(y)) as one
+    fused Pallas kernel each way (`tfjax.nn.fused`; Triton on NVIDIA GPUs, interpreted
+    elsewhere), with hash-based dropout masks; "xla" (default) leaves it to XLA.
     `dtype` is the compute dtype and `param_dtype` the storage dtype (names as strings).
     `scan_layers` runs each stack as one `nn.scan` (parameters stacked on a leading layer axis,
     compile time independent of depth; `stacking.stack_layers` converts parameter trees);
@@ -67,6 +70,7 @@ class ModelConfig:
     attention_dropout_rate: float | jax.Array = 0.0  # an Array: traced, as dropout_rate
     score: str = "scaled_dot"
     attention_impl: str = "auto"
+    residual_impl: str = "xla"
     fused_qkv: bool = True
     value_rank: int = 0
     window_radius: int = 0
@@ -105,6 +109,7 @@ class ModelConfig:
         _check_choices(self)
         _check_sizes(self)
         _check_cudnn(self)
+        _check_fused_residual(self)
 
     @property
     def compute_dtype(self) -> jnp.dtype:
@@ -142,6 +147,7 @@ _CHOICES = {
     "sinusoidal_layout": positional.SINUSOIDAL_LAYOUTS,
     "score": attention.SCORES,
     "attention_impl": attention.IMPLEMENTATIONS,
+    "residual_impl": layers.RESIDUAL_IMPLS,
     "norm": layers.NORMS,
     "norm_position": layers.NORM_POSITIONS,
     "activation": layers.ACTIVATIONS,
@@ -172,11 +178,26 @@ def _check_cudnn(cfg: ModelConfig) -> None:
         problems.append(f"score={cfg.score!r} (cuDNN runs the dot scores)")
     if cfg.attention_dropout_rate > 0:
         problems.append(f"attention_dropout_rate={cfg.attention_dropout_rate} (set it to 0)")
+    _refuse("attention_impl='cudnn'", problems, "attention_impl='auto'")
+
+
+def _check_fused_residual(cfg: ModelConfig) -> None:
+    """residual_impl="pallas" fuses the post-LN LayerNorm step (`tfjax.nn.fused`) only."""
+    if cfg.residual_impl != "pallas":
+        return
+    problems = []
+    if cfg.norm_position != "post":
+        problems.append(f"norm_position={cfg.norm_position!r} (it fuses post-LN)")
+    if cfg.norm != "layernorm":
+        problems.append(f"norm={cfg.norm!r} (it fuses LayerNorm)")
+    _refuse("residual_impl='pallas'", problems, "residual_impl='xla'")
+
+
+def _refuse(option: str, problems: list[str], instead: str) -> None:
+    """One ConfigError naming every setting that `option` cannot run with, if any."""
     if problems:
         raise errors.ConfigError(
-            "ModelConfig.attention_impl='cudnn' cannot run with "
-            + ", ".join(problems)
-            + "; or use attention_impl='auto'"
+            f"ModelConfig.{option} cannot run with " + ", ".join(problems) + f"; or use {instead}"
         )
 
 

@@ -28,6 +28,7 @@ from tfjax.nn import linear
 
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("post", "pre")
+RESIDUAL_IMPLS = ("xla", "pallas")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu_tanh")
 GATED_ACTIVATIONS = ("swiglu", "geglu_tanh")
 
@@ -249,11 +250,27 @@ class Dropout(nn.Module):
         return jax.lax.select(keep, scaled, jnp.zeros_like(inputs))
 
 
+class _LayerNormParams(nn.Module):
+    """The parameters of `LayerNorm` (same names, shapes and initialisers), returned unused."""
+
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, d: int) -> tuple[Array, Array]:
+        scale = self.param("scale", nn.initializers.ones, (d,), self.param_dtype)
+        bias = self.param("bias", nn.initializers.zeros, (d,), self.param_dtype)
+        return scale, bias
+
+
 class Residual(nn.Module):
     """A residual sub-layer around `fn`: post-LN (paper) or pre-LN, with residual dropout.
 
     post: norm(x + dropout(fn(x)))   (Vaswani et al. 2017, §3.1, §5.4)
     pre:  x + dropout(fn(norm(x)))   (Xiong et al. 2020)
+
+    `impl="pallas"` runs the post-LN LayerNorm step as one fused kernel each way
+    (`tfjax.nn.fused`; its dropout masks come from a hash, not from `Dropout`'s draws). The
+    parameters are the same under either implementation.
     """
 
     norm_position: str = "post"
@@ -262,6 +279,7 @@ class Residual(nn.Module):
     dropout_rate: float | jax.Array = 0.1  # an Array: traced (vectorised sweeps)
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
+    impl: str = "xla"
 
     @nn.compact
     def __call__(
@@ -273,6 +291,10 @@ class Residual(nn.Module):
     ) -> Float[Array, "B L D"]:
         if self.norm_position not in NORM_POSITIONS:
             raise ValueError(f"norm_position={self.norm_position!r} is not one of {NORM_POSITIONS}")
+        if self.impl == "pallas":
+            return self._fused(x, fn, deterministic=deterministic)
+        if self.impl != "xla":
+            raise ValueError(f"impl={self.impl!r} is not one of {RESIDUAL_IMPLS}")
         norm = make_norm(
             self.norm,
             epsilon=self.epsilon,
@@ -284,3 +306,25 @@ class Residual(nn.Module):
         if self.norm_position == "pre":
             return x + dropout(fn(norm(x)), deterministic=deterministic)
         return norm(x + dropout(fn(x), deterministic=deterministic))
+
+    def _fused(self, x: Array, fn: Callable[[Array], Array], *, deterministic: bool) -> Array:
+        from tfjax.nn import fused  # Pallas: imported only when asked for
+
+        if self.norm_position != "post" or self.norm != "layernorm":
+            raise ValueError(
+                "impl='pallas' fuses the post-LN LayerNorm step only, got "
+                f"norm_position={self.norm_position!r}, norm={self.norm!r}; use impl='xla'"
+            )
+        scale, bias = _LayerNormParams(self.param_dtype, name="norm")(x.shape[-1])
+        x = x.astype(self.dtype)
+        y = fn(x).astype(self.dtype)
+        rate = 0.0 if deterministic else self.dropout_rate
+        if not isinstance(rate, numbers.Real):
+            raise ValueError(
+                "impl='pallas' needs a Python float dropout rate (not a traced one, as in "
+                "vectorised sweeps); use impl='xla'"
+            )
+        seeds = fused.make_seeds(self.make_rng("dropout")) if rate > 0 else None
+        return fused.dropout_add_layer_norm(
+            x, y, scale, bias, seeds, rate=float(rate), eps=self.epsilon
+        )

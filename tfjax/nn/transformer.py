@@ -123,6 +123,7 @@ def _residual(cfg, name: str) -> layers.Residual:
         cfg.dropout_rate,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.params_dtype,
+        impl=cfg.residual_impl,
         name=name,
     )
 
