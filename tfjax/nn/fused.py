@@ -17,7 +17,9 @@ kernel trains with different (equally distributed) dropout draws.
 
 On a GPU the kernels compile through Pallas's Triton backend, which needs the width D to be a
 power of two; elsewhere they run in Pallas's interpreter (`interpret=True`: correct, for tests,
-not fast). Statistics are in float32, as in `layers.layer_norm`.
+not fast). Statistics are in float32, as in `layers.layer_norm`. jax 0.11 deprecates Pallas's
+Triton backend in favour of Mosaic GPU; this module is imported only when
+`residual_impl="pallas"` asks for it, and a Mosaic GPU port is the follow-up.
 """
 
 import functools
