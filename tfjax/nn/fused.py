@@ -10,9 +10,10 @@ x and y and per-block partial sums of the scale and bias gradients.
 
 The dropout mask is not stored: element i (its row-major index in the flattened [N, D] input)
 is kept when a counter-based hash of (i, seed) is at least rate * 2^32, so the backward kernel
-regenerates it. The hash is two rounds of Wellons' "lowbias32" integer mixer, keyed by two
-32-bit seeds; `keep_mask` computes the same mask with jax.numpy (the tests' reference). Its
-masks are not those of `jax.random.bernoulli` (Flax's `nn.Dropout`), so a model switched to this
+regenerates it (the index is taken modulo 2^32: beyond 2^32 elements the masks repeat). The
+hash is two rounds of Wellons' "lowbias32" integer mixer, keyed by two 32-bit seeds;
+`keep_mask` computes the same mask with jax.numpy (the tests' reference). Its masks are not
+those of `jax.random.bernoulli` (Flax's `nn.Dropout`), so a model switched to this
 kernel trains with different (equally distributed) dropout draws.
 
 On a GPU the kernels compile through Pallas's Triton backend, which needs the width D to be a
