@@ -83,8 +83,7 @@ def run(
       dtype: compute dtype.
       repeats, warmup: timed and untimed calls per measurement.
       peer, attention_impl, peak_flops, prng_impl, flatten_optimizer, trace_dir,
-        residual_impl: options of
-        `train.bench_train`.
+        residual_impl: options of `train.bench_train`.
       dropout: the models' dropout rate, both sides (None: the shape's).
     """
     model_shape = workload.SHAPES[shape_name]

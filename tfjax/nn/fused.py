@@ -32,6 +32,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 from jaxtyping import Array, Float
 
+from tfjax.nn import layers
+
 _MIX_1 = 0x7FEB352D
 _MIX_2 = 0x846CA68B
 # Tuning knobs, each overridable as TFJAX_FUSED_<NAME> in the environment (read when traced):
@@ -59,13 +61,18 @@ def _threshold(rate: float) -> int:
     return min(round(rate * 2**32), 2**32 - 1)
 
 
+def _keep(rows: Array, cols: Array, d: int, seed0: Array, seed1: Array, rate: float) -> Array:
+    """Whether element (row, col) of a width-d array is kept: its hashed index >= rate * 2^32."""
+    bits = _hash_bits(rows * jnp.uint32(d) + cols, seed0, seed1)
+    return bits >= jnp.uint32(_threshold(rate))
+
+
 def keep_mask(seeds: Array, shape: tuple[int, int], rate: float) -> Array:
     """The boolean [N, D] dropout mask the kernels use (True: kept), in jax.numpy."""
     n, d = shape
     rows = jnp.arange(n, dtype=jnp.uint32)[:, None]
     cols = jnp.arange(d, dtype=jnp.uint32)[None, :]
-    bits = _hash_bits(rows * jnp.uint32(d) + cols, seeds[0], seeds[1])
-    return bits >= jnp.uint32(_threshold(rate))
+    return _keep(rows, cols, d, seeds[0], seeds[1], rate)
 
 
 def make_seeds(rng: Array) -> Array:
@@ -84,8 +91,6 @@ def reference(
     eps: float = 1e-6,
 ) -> Float[Array, "*B D"]:
     """LayerNorm(x + dropout(y)) with `keep_mask`'s mask, written with jax.numpy (autodiff)."""
-    from tfjax.nn import layers
-
     d = x.shape[-1]
     y2 = y.reshape(-1, d)
     if rate > 0:
@@ -107,11 +112,9 @@ def _block_rows(d: int) -> int:
 
 def _row_mask(seed_ref, first_row: Array, shape: tuple[int, int], rate: float) -> Array:
     """The kept elements of the [R, D] rows from `first_row` on (see `keep_mask`)."""
-    d = shape[1]
     rows = first_row.astype(jnp.uint32) + jax.lax.broadcasted_iota(jnp.uint32, shape, 0)
     cols = jax.lax.broadcasted_iota(jnp.uint32, shape, 1)
-    bits = _hash_bits(rows * jnp.uint32(d) + cols, seed_ref[0], seed_ref[1])
-    return bits >= jnp.uint32(_threshold(rate))
+    return _keep(rows, cols, shape[1], seed_ref[0], seed_ref[1], rate)
 
 
 def _forward_kernel(seed_ref, x_ref, y_ref, scale_ref, bias_ref, out_ref, z_ref, *, rate, eps):
@@ -210,7 +213,7 @@ def _forward(x2, y2, scale, bias, seeds, rate, eps, rows):
     return out, z
 
 
-def _backward(z, g, scale, seeds, rate, eps, rows, steps, y_dtype):
+def _backward(z, g, scale, seeds, rate, eps, rows, steps):
     n, d = z.shape
     seeds_spec, block, vector, partial = _specs(rows * steps, d)
     kernel = functools.partial(_backward_kernel, rate=rate, eps=eps, rows=rows)
@@ -218,8 +221,8 @@ def _backward(z, g, scale, seeds, rate, eps, rows, steps, y_dtype):
     return pl.pallas_call(
         kernel,
         out_shape=(
-            jax.ShapeDtypeStruct((n, d), z.dtype),
-            jax.ShapeDtypeStruct((n, d), y_dtype),
+            jax.ShapeDtypeStruct((n, d), z.dtype),  # dx
+            jax.ShapeDtypeStruct((n, d), z.dtype),  # dy (x, y and z share a dtype)
             jax.ShapeDtypeStruct((blocks, d), jnp.float32),
             jax.ShapeDtypeStruct((blocks, d), jnp.float32),
         ),
@@ -244,7 +247,7 @@ def _fused_fwd(x2, y2, scale, bias, seeds, rate, eps, rows, steps):
 
 def _fused_bwd(rate, eps, rows, steps, residuals, g):
     z, scale, bias, seeds = residuals
-    dx, dy, dscale, dbias = _backward(z, g, scale, seeds, rate, eps, rows, steps, z.dtype)
+    dx, dy, dscale, dbias = _backward(z, g, scale, seeds, rate, eps, rows, steps)
     dscale = jnp.sum(dscale, axis=0).astype(scale.dtype)
     dbias = jnp.sum(dbias, axis=0).astype(bias.dtype)
     return dx, dy, dscale, dbias, None

@@ -318,13 +318,7 @@ class Residual(nn.Module):
         scale, bias = _LayerNormParams(self.param_dtype, name="norm")(x.shape[-1])
         x = x.astype(self.dtype)
         y = fn(x).astype(self.dtype)
-        rate = 0.0 if deterministic else self.dropout_rate
-        if not isinstance(rate, numbers.Real):
-            raise ValueError(
-                "impl='pallas' needs a Python float dropout rate (not a traced one, as in "
-                "vectorised sweeps); use impl='xla'"
-            )
-        seeds = fused.make_seeds(self.make_rng("dropout")) if rate > 0 else None
-        return fused.dropout_add_layer_norm(
-            x, y, scale, bias, seeds, rate=float(rate), eps=self.epsilon
-        )
+        rate = 0.0 if deterministic else self.dropout_rate  # a traced one: refused by fused
+        dropout = isinstance(rate, numbers.Real) and rate > 0
+        seeds = fused.make_seeds(self.make_rng("dropout")) if dropout else None
+        return fused.dropout_add_layer_norm(x, y, scale, bias, seeds, rate=rate, eps=self.epsilon)
