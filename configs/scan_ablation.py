@@ -8,8 +8,9 @@ metric is greedy exact match on the whole test split (the final evaluation).
 Model (preset `small`, the default): post-LN, d_model 64, 2+2 layers, 4 heads, d_ff 256,
 dropout 0.1, label smoothing 0.1, Adam(0.9, 0.98, 1e-9) with 200 warmup steps and cosine decay
 from 4e-3 to 0 over 1,000 steps of 64 packed rows (about 6 minutes for 3 seeds vectorised on a
-quiet 2-core CPU, the final evaluation included; measured for the ALiBi group). `tiny` is
-for the tests.
+quiet 2-core CPU, the final evaluation included; measured for the ALiBi group). `long` is
+`small` with relative positions and 3,000 steps (`--sweep=seeds` trains seeds 0-2 of it).
+`tiny` is for the tests.
 
 Sweeps (`python -m experiments.sweep --config=configs/scan_ablation.py --sweep=NAME
 --vectorize`; the three seeds of a setting train as one vectorised program, and the sweep's
@@ -39,10 +40,21 @@ PRESETS = {
         "train.checkpoint_every_steps": 500,
         "train.max_eval_examples": 500,
     },
+    # `small` with relative positions trained three times as long (issue 21's length target).
+    "long": {
+        **base.PRESETS["cpu"],
+        "model.embed_dim": 64,
+        "model.positional": "relative",
+        "train.num_train_steps": 3000,
+        "train.eval_every_steps": 3000,
+        "train.checkpoint_every_steps": 1000,
+        "train.max_eval_examples": 500,
+    },
     "tiny": base.PRESETS["tiny"],
 }
 
 SWEEPS = {
+    "seeds": [{"seed": seed} for seed in SEEDS],
     "positional": [
         {"data.scan_split": split, "model.positional": positional, "seed": seed}
         for split in ("length", "addprim_jump")
