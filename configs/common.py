@@ -57,6 +57,10 @@ def base_config(
         # model.encoder_head="mlm": the fraction of each row's real tokens the masked-LM
         # objective selects; 80% become the mask token, 10% a random token, 10% stay (BERT).
         "mlm_rate": 0.15,
+        # False: EOS target positions get no loss, so the model never learns where outputs
+        # end (Newman et al. 2020's "-EOS" models); decode it with oracle lengths
+        # (experiments.evaluate --oracle_length). Seq2seq and decoder-only models.
+        "predict_eos": True,
         "log_every_steps": 100,
         "eval_every_steps": 1000,
         "max_eval_examples": 0,  # examples per periodic eval (0 = all); the final eval uses all

@@ -10,6 +10,10 @@ dropout 0.1, label smoothing 0.1, Adam(0.9, 0.98, 1e-9) with 200 warmup steps an
 from 4e-3 to 0 over 1,000 steps of 64 packed rows (about 6 minutes for 3 seeds vectorised on a
 quiet 2-core CPU, the final evaluation included; measured for the ALiBi group). `long` is
 `small` with relative positions and 3,000 steps (`--sweep=seeds` trains seeds 0-2 of it).
+`no_eos` is `small` with relative positions trained without EOS (`train.predict_eos=False`:
+EOS targets get no loss, Newman et al. 2020's "-EOS" models), to be decoded with oracle
+lengths (`experiments.evaluate --beam_size=1 --oracle_length`); `--sweep=seeds` trains seeds
+0-2 of it and `--sweep=positional_length` every positional encoding on the `length` split.
 `tiny` is for the tests.
 
 Sweeps (`python -m experiments.sweep --config=configs/scan_ablation.py --sweep=NAME
@@ -17,6 +21,7 @@ Sweeps (`python -m experiments.sweep --config=configs/scan_ablation.py --sweep=N
 seeds.md gives mean ± standard deviation over them):
   positional  model.positional in (sinusoidal, learned, relative, rotary, alibi, none) on the
               `length` and `addprim_jump` splits, seeds 0-2 (36 runs);
+  positional_length  `positional` on the `length` split only (for `no_eos`; 18 runs);
   base        the sinusoid's base n in (10, 100, 1,000, 10,000, 100,000), seeds 0-2;
   combine     sinusoidal positions added to the 64-wide embedding vs concatenated (48-wide
               tokens + 16-wide positions: the same total width), seeds 0-2;
@@ -50,12 +55,23 @@ PRESETS["long"] = {
     "train.eval_every_steps": 3000,
     "train.checkpoint_every_steps": 1000,
 }
+# `small` with relative positions, not trained to predict EOS (decode with oracle lengths).
+PRESETS["no_eos"] = {
+    **PRESETS["small"],
+    "model.positional": "relative",
+    "train.predict_eos": False,
+}
 
 SWEEPS = {
     "seeds": [{"seed": seed} for seed in SEEDS],
     "positional": [
         {"data.scan_split": split, "model.positional": positional, "seed": seed}
         for split in ("length", "addprim_jump")
+        for positional in POSITIONALS
+        for seed in SEEDS
+    ],
+    "positional_length": [
+        {"model.positional": positional, "seed": seed}
         for positional in POSITIONALS
         for seed in SEEDS
     ],

@@ -16,21 +16,13 @@ import types
 
 import pytest
 from absl import flags
+from tiny_runs import REVERSE
 
 from experiments import cli, config_utils
 from tfjax import errors
 from tfjax.runs import lock, trainer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-REVERSE = [
-    "train.num_train_steps=2",
-    "data.name=reverse",
-    "data.num_train_examples=64",
-    "data.num_eval_examples=10",
-    "data.task_max_len=6",
-    "data.max_source_len=8",
-    "data.max_target_len=8",
-]
 TINY = ["--config=configs/base.py:tiny", *(f"--config.{o}" for o in REVERSE)]
 
 

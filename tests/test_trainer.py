@@ -13,23 +13,13 @@ import jax
 import numpy as np
 import optax
 import pytest
+from tiny_runs import REVERSE
 
 from experiments import config_utils
 from tfjax import errors
 from tfjax.data import pipeline
 from tfjax.runs import build, lock, trainer
 from tfjax.training import checkpointing, logger, optim
-
-# A run that trains and evaluates in seconds: the `reverse` task on 64 short examples.
-REVERSE = (
-    "train.num_train_steps=2",
-    "data.name=reverse",
-    "data.num_train_examples=64",
-    "data.num_eval_examples=10",
-    "data.task_max_len=6",
-    "data.max_source_len=8",
-    "data.max_target_len=8",
-)
 
 
 def _config(spec="configs/base.py:tiny", *overrides):

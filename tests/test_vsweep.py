@@ -523,3 +523,29 @@ def test_extract_finds_a_trial_saved_before_new_model_options():
     assert vsweep_state._trial_index(trials, full, "w", "d") == 1
     with pytest.raises(errors.CheckpointError, match="matches none of"):
         vsweep_state._trial_index(trials[:1], full, "w", "d")
+
+
+@pytest.mark.slow
+def test_a_trial_trained_without_eos_equals_the_trial_trained_alone(tmp_path):
+    """`train.predict_eos=False` reaches the vectorised step and eval step: parameters and
+    logged metrics are those of the same run alone (which differ from an EOS-predicting run's)."""
+    overrides = ["optim.learning_rate=0.2", "train.predict_eos=false"]
+    trials = [vsweep.Trial("noeos", _config(*overrides), tmp_path / "sweep" / "noeos")]
+    vsweep.train_trials(trials, tmp_path / "sweep" / "group")
+    vec = _extracted_params(trials, tmp_path / "sweep" / "group")["noeos"]
+    for predict_eos in ("false", "true"):
+        config = _config(
+            *overrides[:1], f"train.predict_eos={predict_eos}", "parallel.mode=sharded"
+        )
+        trainer.train_and_evaluate(config, tmp_path / predict_eos)
+    _assert_close_trees(vec, _params(_config(*overrides), tmp_path / "false"))
+    other = _params(_config(*overrides[:1]), tmp_path / "true")
+    gaps = [
+        float(np.abs(a - b).max()) for a, b in zip(*map(jax.tree.leaves, (vec, other)), strict=True)
+    ]
+    assert max(gaps) > 1e-4
+    for kind in ("train", "eval", "final_eval"):
+        rows = _metric_rows(tmp_path / "sweep" / "noeos", kind)
+        alone = _metric_rows(tmp_path / "false", kind)
+        assert [s for s, _ in rows] == [s for s, _ in alone] and rows, kind
+        np.testing.assert_allclose([v for _, v in rows], [v for _, v in alone], rtol=1e-5)

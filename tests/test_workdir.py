@@ -18,21 +18,13 @@ import sys
 
 import numpy as np
 import pytest
+from tiny_runs import REVERSE
 
 from experiments import config_utils
 from tfjax.data import tokenizers
 from tfjax.runs import evaluator, trainer, workdir
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-REVERSE = [
-    "train.num_train_steps=2",
-    "data.name=reverse",
-    "data.num_train_examples=64",
-    "data.num_eval_examples=10",
-    "data.task_max_len=6",
-    "data.max_source_len=8",
-    "data.max_target_len=8",
-]
 SPM_LENGTHS = ["data.max_source_len=24", "data.max_target_len=24"]  # more pieces than words
 RUNS = {  # name: (config spec, overrides)
     "seq2seq_word": ("configs/base.py:tiny", REVERSE),

@@ -228,8 +228,9 @@ def sequence_exact_match(
     predictions: Int[Array, "B L"],
     targets: Int[Array, "B L"],
     segment_ids: Int[Array, "B L"],
+    weights: Int[Array, "B L"] | None = None,
 ) -> tuple[Float[Array, ""], Float[Array, ""]]:
-    """Counts sequences whose every non-padding token is predicted correctly.
+    """Counts sequences whose every scored non-padding token is predicted correctly.
 
     A row may hold several packed sequences with segment ids 1, 2, ...; segment 0 is padding.
     Each (row, segment id) present counts as one sequence. Static shapes only, so it jits.
@@ -238,6 +239,8 @@ def sequence_exact_match(
         predictions: [B, L] int32 predicted ids.
         targets: [B, L] int32 target ids.
         segment_ids: [B, L] int32 in [0, L]; 0 = padding. Ids above L are not supported.
+        weights: optional [B, L]; a position with weight 0 is not scored (its prediction
+            cannot make its sequence wrong), but its sequence still counts.
 
     Returns:
         (seq_correct_sum, seq_count), float32 scalars.
@@ -248,9 +251,13 @@ def sequence_exact_match(
     B, L = targets.shape
     _check_shape("predictions", predictions.shape, (B, L))
     _check_shape("segment_ids", segment_ids.shape, (B, L))
+    wrong = predictions != targets
+    if weights is not None:
+        _check_shape("weights", weights.shape, (B, L))
+        wrong = wrong & (weights > 0)
     # One bucket per (row, segment id): row b owns buckets b * (L + 1) ... b * (L + 1) + L.
     buckets = (jnp.arange(B, dtype=jnp.int32)[:, None] * (L + 1) + segment_ids).reshape(-1)  # [B*L]
-    errors = (predictions != targets).astype(jnp.int32).reshape(-1)  # [B*L]
+    errors = wrong.astype(jnp.int32).reshape(-1)  # [B*L]
     num_segments = B * (L + 1)
     token_count = jax.ops.segment_sum(jnp.ones_like(errors), buckets, num_segments)
     error_count = jax.ops.segment_sum(errors, buckets, num_segments)
@@ -275,7 +282,8 @@ def compute_metrics(
         segment_ids: [B, L] int32; 0 = padding, 1, 2, ... = packed sequences.
         label_smoothing: ε for `loss_sum` (see `cross_entropy`).
         loss_weights: optional [B, L] 0/1 weights on top of the padding mask (e.g. 0 for the
-            context-only first token of an LM window).
+            context-only first token of an LM window); positions with weight 0 are left out
+            of every metric, the exact match included.
 
     Returns:
         Float32 scalars keyed `loss_sum`, `nll_sum`, `correct_sum` (argmax == target),
@@ -287,7 +295,9 @@ def compute_metrics(
         weights = weights * (loss_weights > 0)
     loss_sum, nll_sum = cross_entropy(logits, targets, weights, label_smoothing=label_smoothing)
     predictions = argmax(logits).astype(targets.dtype)  # [B, L]
-    seq_correct_sum, seq_count = sequence_exact_match(predictions, targets, segment_ids)
+    seq_correct_sum, seq_count = sequence_exact_match(
+        predictions, targets, segment_ids, loss_weights
+    )
     return {
         "loss_sum": loss_sum,
         "nll_sum": nll_sum,

@@ -100,6 +100,8 @@ def load_config_dict(tree: dict) -> ml_collections.ConfigDict:
         config.train.init_from = ""
     if "train" in config and "mlm_rate" not in config.train:  # runs from before MLM training
         config.train.mlm_rate = 0.15
+    if "train" in config and "predict_eos" not in config.train:  # runs from before -EOS
+        config.train.predict_eos = True
     for section, defaults in SECTION_DEFAULTS.items():  # options added since: off by default
         if section in config:
             for key, value in defaults.items():
@@ -148,6 +150,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         )
     if not 0 < config.train.mlm_rate < 1:
         raise errors.ConfigError(f"train.mlm_rate must be in (0, 1), got {config.train.mlm_rate}")
+    if not config.train.predict_eos and config.model.kind == "encoder_only":
+        raise errors.ConfigError(
+            "train.predict_eos=False is for models that generate (encoder_decoder, "
+            "decoder_only); drop it for this encoder_only run"
+        )
     if config.parallel.mode not in strategies.MODES:
         raise errors.ConfigError(
             f"parallel.mode={config.parallel.mode!r} is not one of {strategies.MODES}"
@@ -242,13 +249,15 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Run:
     sample = jax.tree.map(lambda x: jnp.zeros((1, *x.shape), x.dtype), examples.train[0])
     abstract_state = abstract_train_state(model, optimizer, sample, model_config.kind)
     masking = make_masking(config, examples.tokenizer)
-    train_step = make_train_step(config, model, optimizer, schedule, masking)
+    unscored = unscored_id(config, examples.tokenizer.eos_id)
+    train_step = make_train_step(config, model, optimizer, schedule, masking, unscored)
     eval_step = jax.jit(
         steps.make_eval_step(
             model,
             kind=model_config.kind,
             label_smoothing=config.train.label_smoothing,
             masking=masking,
+            unscored_id=unscored,
         )
     )
     return Run(
@@ -311,9 +320,20 @@ def make_masking(config: ml_collections.ConfigDict, tokenizer=None) -> mlm.Maski
     return mlm.masking_for(tokenizer, config.train.mlm_rate)
 
 
-def make_train_step(config: ml_collections.ConfigDict, model, optimizer, schedule, masking=None):
+def unscored_id(config: ml_collections.ConfigDict, eos_id: int = tokenizers.EOS_ID) -> int | None:
+    """The target id the steps leave out of the loss: `eos_id` when `train.predict_eos` is
+    False (a "-EOS" model), else None."""
+    return None if config.train.predict_eos else eos_id
+
+
+def make_train_step(
+    config: ml_collections.ConfigDict, model, optimizer, schedule, masking=None, unscored=None
+):
     """The pure train step of `config` (`tfjax.training.steps.make_train_step`), not compiled;
-    `masking` for a masked-LM run (default: `make_masking`'s stand-in)."""
+    `masking` for a masked-LM run (default: `make_masking`'s stand-in); `unscored`: the
+    tokenizer's `unscored_id` (default: that of the built-in tokenizers' EOS)."""
+    if unscored is None:
+        unscored = unscored_id(config)
     return steps.make_train_step(
         model,
         optimizer,
@@ -322,6 +342,7 @@ def make_train_step(config: ml_collections.ConfigDict, model, optimizer, schedul
         label_smoothing=config.train.label_smoothing,
         grad_accum_steps=config.optim.grad_accum_steps,
         masking=masking or make_masking(config),
+        unscored_id=unscored,
     )
 
 

@@ -7,6 +7,7 @@ and exact match for seq2seq runs, and writes `eval.json`: `experiments.evaluate`
 """
 
 import json
+import logging
 import pathlib
 from typing import Any
 
@@ -17,6 +18,8 @@ from tfjax.data import datasets, pipeline
 from tfjax.nn import losses
 from tfjax.runs import build
 from tfjax.runs import workdir as workdir_lib
+
+log = logging.getLogger(__name__)
 
 
 def host_sum(metrics: dict[str, Any], *, across_hosts: bool) -> dict[str, float]:
@@ -196,10 +199,18 @@ def evaluate_workdir(
             f"oracle lengths are for decoded (seq2seq) runs; this is a "
             f"{trained.run.model_config.kind} run: drop --oracle_length"
         )
+    trained_without_eos = not trained.config.train.predict_eos
+    if trained_without_eos and trained.run.examples.format == "seq2seq" and not oracle_length:
+        log.warning(
+            "this run was trained without EOS (train.predict_eos=False): its hypotheses end "
+            "only at data.max_target_len; pass --oracle_length to give them the reference's"
+        )
     split = trained.config.data.eval_split
     scores = evaluate(trained.run, trained.params, max_examples=max_examples)
     count = min(max_examples or len(trained.run.examples.eval), len(trained.run.examples.eval))
     record = {"split": split, "step": trained.step, "num_examples": count}
+    if trained_without_eos:
+        record["predict_eos"] = False
     name = f"{split}_step{trained.step}"
     if average_last > 1:
         record["averaged_checkpoints"] = average_last

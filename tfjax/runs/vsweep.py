@@ -186,6 +186,8 @@ class _Group:
         self.shared_batch = len(set(self.seeds)) == 1
         self._eval_steps: dict[float, object] = {}
         self._greedy = build.make_greedy(self.model, self.config.data.max_target_len)  # shared
+        eos_id = self.examples[self.config.seed].tokenizer.eos_id
+        self.unscored_id = build.unscored_id(self.config, eos_id)  # a group shares predict_eos
         self.runs = [self._trial_run(trial) for trial in trials]
         self.placement = vsweep_state.Placement.create(
             len(trials), self.config.train.global_batch_size, shared_batch=self.shared_batch
@@ -199,7 +201,10 @@ class _Group:
         if smoothing not in self._eval_steps:
             self._eval_steps[smoothing] = jax.jit(
                 steps.make_eval_step(
-                    self.model, kind=self.model_config.kind, label_smoothing=smoothing
+                    self.model,
+                    kind=self.model_config.kind,
+                    label_smoothing=smoothing,
+                    unscored_id=self.unscored_id,
                 )
             )
         return build.Run(
@@ -224,6 +229,7 @@ class _Group:
             label_smoothing=self.label_smoothing,
             shared_batch=self.shared_batch,
             traced_dropout=self.traced_dropout,
+            unscored_id=self.unscored_id,
         )
         return self.placement.jit(step)
 

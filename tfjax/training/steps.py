@@ -7,7 +7,9 @@ loss is normalised by the global number of target tokens, so every parallel mode
 same gradient as one device with the whole batch. Metrics are float32 sums and weights
 (`tfjax.nn.losses`), divided on the host at log time. The loop itself is in `tfjax.runs.trainer`.
 Masked-LM runs pass a `tfjax.training.mlm.Masking`: the steps mask the inputs themselves and
-score only the masked positions.
+score only the masked positions. `unscored_id` leaves one target id out of the loss and the
+scores (`train.predict_eos=False`: EOS, for models that are not trained to end their outputs,
+Newman et al. 2020's "-EOS" models).
 """
 
 from collections.abc import Callable
@@ -80,6 +82,15 @@ def batch_metrics(
     )
 
 
+def unscore_target_id(batch: Batch, token_id: int) -> Batch:
+    """`batch` with every target position holding `token_id` given `targets_weights` 0: no
+    loss, no accuracy, and not part of its sequence's exact match (other weights are kept)."""
+    keep = (batch["targets"] != token_id).astype(jnp.int32)
+    if "targets_weights" in batch:
+        keep = keep * (batch["targets_weights"] > 0)
+    return {**batch, "targets_weights": keep}
+
+
 def _weight_sum(batch: Batch, kind: str) -> jax.Array:
     if mlm.WEIGHTS in batch:
         return jnp.sum(batch[mlm.WEIGHTS])
@@ -139,14 +150,19 @@ def make_train_step(
     label_smoothing: float | jax.Array,
     grad_accum_steps: int = 1,
     masking: mlm.Masking | None = None,
+    unscored_id: int | None = None,
 ) -> Callable:
     """The pure train step for `model` (see the module docstring); `label_smoothing` may be a
     traced scalar (a trial of a vectorised sweep). With `masking` (an encoder-only model with
     the "mlm" head) the step masks the inputs itself (`tfjax.training.mlm`) with a key split
-    from the step's, and scores only the masked positions."""
+    from the step's, and scores only the masked positions. `unscored_id`: a target id that
+    gets no loss (`unscore_target_id`; None = every target is scored)."""
+    _check_unscored(unscored_id, kind)
 
     def train_step(state: TrainState, batch: Batch, rng: jax.Array, axis_name: str | None = None):
         rng = jax.random.fold_in(rng, state.step)
+        if unscored_id is not None:
+            batch = unscore_target_id(batch, unscored_id)
         if masking is not None:
             rng, mask_rng = jax.random.split(rng)
             rows = batch["inputs"].shape[0]
@@ -178,13 +194,27 @@ def make_train_step(
     return train_step
 
 
+def _check_unscored(unscored_id: int | None, kind: str) -> None:
+    if unscored_id is not None and kind == "encoder_only":
+        raise ValueError(f"unscored_id is for models with targets, not {kind} models")
+
+
 def make_eval_step(
-    model: nn.Module, *, kind: str, label_smoothing: float, masking: mlm.Masking | None = None
+    model: nn.Module,
+    *,
+    kind: str,
+    label_smoothing: float,
+    masking: mlm.Masking | None = None,
+    unscored_id: int | None = None,
 ) -> Callable:
     """`eval_step(params, batch, axis_name=None) -> metric sums`, deterministic (with
-    `masking`, each example's masks are fixed: `tfjax.training.mlm.mask_eval_batch`)."""
+    `masking`, each example's masks are fixed: `tfjax.training.mlm.mask_eval_batch`;
+    `unscored_id` as in `make_train_step`)."""
+    _check_unscored(unscored_id, kind)
 
     def eval_step(params: Any, batch: Batch, axis_name: str | None = None):
+        if unscored_id is not None:
+            batch = unscore_target_id(batch, unscored_id)
         if masking is not None:
             batch = mlm.mask_eval_batch(batch, masking)
         args, kwargs = model_inputs(batch, kind)

@@ -63,6 +63,7 @@ def make_vectorized_train_step(
     label_smoothing: float | None,
     shared_batch: bool,
     traced_dropout: models.ModelConfig | None = None,
+    unscored_id: int | None = None,
 ) -> Callable:
     """`step(state: SweepState, batch, rngs [T], hyper {name: [T]}) -> (SweepState, metrics)`.
 
@@ -79,6 +80,7 @@ def make_vectorized_train_step(
             rebuilds `model` from with its own `hyper["dropout_rate"]` and
             `hyper["attention_dropout_rate"]` (traced rates: `tfjax.nn.layers.Dropout`,
             `attention.core.dropout_active`); None: every trial uses `model`.
+        unscored_id: a target id without loss, shared by the trials (`steps.make_train_step`).
 
     Returns:
         The pure step; metrics are those of `steps.make_train_step`, each [T], plus `live`.
@@ -99,6 +101,7 @@ def make_vectorized_train_step(
             if label_smoothing is None
             else label_smoothing,
             grad_accum_steps=structure.grad_accum_steps,
+            unscored_id=unscored_id,
         )
         new_state, metrics = train_step(state, batch, rng)
         finite = jnp.isfinite(metrics["loss_sum"]) & jnp.isfinite(metrics["grad_norm"])
