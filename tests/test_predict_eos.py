@@ -82,6 +82,17 @@ def test_sequence_exact_match_skips_positions_of_weight_zero():
         unchecked(predictions, targets, segment_ids, weights[:, :3])
 
 
+def test_unscoring_a_target_id_keeps_the_zero_weights_already_there():
+    batch = {
+        "targets": jnp.array([[1, 5, 2, 7], [2, 6, 6, 2]], jnp.int32),
+        "targets_weights": jnp.array([[0, 1, 1, 1], [1, 1, 0, 1]], jnp.int32),
+    }
+    weights = steps.unscore_target_id(batch, EOS)["targets_weights"]
+    np.testing.assert_array_equal(weights, [[0, 1, 0, 1], [0, 1, 0, 0]])
+    fresh = steps.unscore_target_id({"targets": batch["targets"]}, EOS)["targets_weights"]
+    np.testing.assert_array_equal(fresh, [[1, 1, 0, 1], [0, 1, 1, 0]])
+
+
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
 def test_eval_step_without_eos_scores_the_other_positions_only(kind):
     model, params = _model_and_params(kind)

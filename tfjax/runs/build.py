@@ -96,12 +96,9 @@ def load_config_dict(tree: dict) -> ml_collections.ConfigDict:
     for key, value in _PARALLEL_SINCE_TENSOR.items():  # runs from before tensor parallelism
         if "parallel" in config and key not in config.parallel:
             config.parallel[key] = value
-    if "train" in config and "init_from" not in config.train:  # runs from before init_from
-        config.train.init_from = ""
-    if "train" in config and "mlm_rate" not in config.train:  # runs from before MLM training
-        config.train.mlm_rate = 0.15
-    if "train" in config and "predict_eos" not in config.train:  # runs from before -EOS
-        config.train.predict_eos = True
+    for key, value in _TRAIN_SINCE.items():
+        if "train" in config and key not in config.train:
+            config.train[key] = value
     for section, defaults in SECTION_DEFAULTS.items():  # options added since: off by default
         if section in config:
             for key, value in defaults.items():
@@ -113,6 +110,9 @@ def load_config_dict(tree: dict) -> ml_collections.ConfigDict:
 
 # `parallel` fields newer than some workdirs' config.json, with the values those runs had.
 _PARALLEL_SINCE_TENSOR = {"tensor": 1, "rules": layout.DEFAULT_RULES}
+# `train` fields newer than some workdirs' config.json (init_from, masked-LM training, -EOS
+# training), with the values those runs had.
+_TRAIN_SINCE = {"init_from": "", "mlm_rate": 0.15, "predict_eos": True}
 
 
 # Fields of the `train` group that must be >= 1 (0 would divide by zero in the loop) or >= 0.
@@ -249,15 +249,15 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Run:
     sample = jax.tree.map(lambda x: jnp.zeros((1, *x.shape), x.dtype), examples.train[0])
     abstract_state = abstract_train_state(model, optimizer, sample, model_config.kind)
     masking = make_masking(config, examples.tokenizer)
-    unscored = unscored_id(config, examples.tokenizer.eos_id)
-    train_step = make_train_step(config, model, optimizer, schedule, masking, unscored)
+    eos_id = examples.tokenizer.eos_id
+    train_step = make_train_step(config, model, optimizer, schedule, masking, eos_id)
     eval_step = jax.jit(
         steps.make_eval_step(
             model,
             kind=model_config.kind,
             label_smoothing=config.train.label_smoothing,
             masking=masking,
-            unscored_id=unscored,
+            unscored_id=unscored_id(config, eos_id),
         )
     )
     return Run(
@@ -327,13 +327,16 @@ def unscored_id(config: ml_collections.ConfigDict, eos_id: int = tokenizers.EOS_
 
 
 def make_train_step(
-    config: ml_collections.ConfigDict, model, optimizer, schedule, masking=None, unscored=None
+    config: ml_collections.ConfigDict,
+    model,
+    optimizer,
+    schedule,
+    masking=None,
+    eos_id: int = tokenizers.EOS_ID,
 ):
     """The pure train step of `config` (`tfjax.training.steps.make_train_step`), not compiled;
-    `masking` for a masked-LM run (default: `make_masking`'s stand-in); `unscored`: the
-    tokenizer's `unscored_id` (default: that of the built-in tokenizers' EOS)."""
-    if unscored is None:
-        unscored = unscored_id(config)
+    `masking` for a masked-LM run (default: `make_masking`'s stand-in); `eos_id`, the
+    tokenizer's, is left out of the loss when `train.predict_eos` is False (`unscored_id`)."""
     return steps.make_train_step(
         model,
         optimizer,
@@ -342,7 +345,7 @@ def make_train_step(
         label_smoothing=config.train.label_smoothing,
         grad_accum_steps=config.optim.grad_accum_steps,
         masking=masking or make_masking(config),
-        unscored_id=unscored,
+        unscored_id=unscored_id(config, eos_id),
     )
 
 
