@@ -70,6 +70,13 @@ def _define_flags() -> None:
         "Run tfjax's Adam on all parameters raveled into one vector (optax.flatten): one "
         "update over 209M floats instead of one per parameter array.",
     )
+    flags.DEFINE_bool(
+        "positions",
+        False,
+        "Give the tfjax batch explicit positions 0..L-1, as packed rows carry: its masks then "
+        "stay dense [B, 1, L, S] arrays (with --attention_impl=cudnn, the path before "
+        "attention.Lengths: a bias read and its gradient computed in every cuDNN call).",
+    )
     flags.DEFINE_string(
         "trace_dir",
         None,
@@ -110,6 +117,7 @@ def main(argv):
         flatten_optimizer=FLAGS.flatten_optimizer,
         trace_dir=FLAGS.trace_dir,
         residual_impl=FLAGS.residual_impl,
+        positions=FLAGS.positions,
     )
     for result in results:
         print(json.dumps(result), flush=True)

@@ -73,6 +73,7 @@ def run(
     flatten_optimizer: bool = False,
     trace_dir: str | None = None,
     residual_impl: str = "xla",
+    positions: bool = False,
 ) -> Iterator[dict]:
     """Runs `benches` in order, yielding each one's result as soon as it is complete.
 
@@ -83,7 +84,7 @@ def run(
       dtype: compute dtype.
       repeats, warmup: timed and untimed calls per measurement.
       peer, attention_impl, peak_flops, prng_impl, flatten_optimizer, trace_dir,
-        residual_impl: options of `train.bench_train`.
+        residual_impl, positions: options of `train.bench_train`.
       dropout: the models' dropout rate, both sides (None: the shape's).
     """
     model_shape = workload.SHAPES[shape_name]
@@ -109,6 +110,7 @@ def run(
             flatten_optimizer=flatten_optimizer,
             trace_dir=trace_dir,
             residual_impl=residual_impl,
+            positions=positions,
             **common,
         ),
         "decode": functools.partial(decode.bench_decode, peer=peer, **common),

@@ -127,15 +127,18 @@ def bench_train(
     flatten_optimizer: bool = False,
     trace_dir: str | None = None,
     residual_impl: str = "xla",
+    positions: bool = False,
 ) -> dict:
     """Train-step throughput of tfjax; with `peer`, timed in alternation with that framework.
 
     `flatten_optimizer` runs tfjax's Adam on one raveled vector (`workload.make_train_step`);
-    `trace_dir` traces `TRACED_STEPS` more tfjax steps with `jax.profiler` after the timing.
+    `trace_dir` traces `TRACED_STEPS` more tfjax steps with `jax.profiler` after the timing;
+    `positions` gives tfjax's batch explicit positions (`workload.with_positions`), which
+    keeps its masks dense.
     """
     data = workload.random_batch(batch, shape)
     run, num_params = workload.make_train_step(
-        data,
+        workload.with_positions(data) if positions else data,
         dtype,
         shape,
         attention_impl,
@@ -165,6 +168,7 @@ def bench_train(
         **_utilisation(batch, shape, median_time, device, dtype, peak_flops),
         "attention_impl": attention_impl,
         "residual_impl": residual_impl,
+        "masks": "dense (positions given)" if positions else "by the model (no positions)",
         "prng_impl": str(jax.random.key_impl(jax.random.key(0, impl=prng_impl))),
         "num_params": num_params,
         "optimizer": "adam on one raveled vector" if flatten_optimizer else "adam per array",

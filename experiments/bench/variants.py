@@ -58,6 +58,18 @@ VARIANTS = {
         ("--xla_gpu_enable_triton_gemm=false",),
         "option",
     ),
+    # The masks as dense [B, 1, L, S] arrays (explicit positions), as before attention.Lengths:
+    # with cuDNN, a bias read and its gradient computed in every attention call.
+    "no_triton_gemm_fused_dense": (
+        ("--residual_impl=pallas", "--positions"),
+        ("--xla_gpu_enable_triton_gemm=false",),
+        "diagnostic",
+    ),
+    "no_triton_gemm_fused_trace": (
+        ("--residual_impl=pallas", "--trace_dir={out}/trace"),
+        ("--xla_gpu_enable_triton_gemm=false",),
+        "diagnostic",
+    ),
     "no_triton_gemm_trace": (
         ("--trace_dir={out}/trace",),
         ("--xla_gpu_enable_triton_gemm=false",),

@@ -82,6 +82,18 @@ def random_batch(batch: int, shape: dict = SHAPE) -> dict:
     }
 
 
+def with_positions(data: dict) -> dict:
+    """`data` with "inputs_positions" and "targets_positions" 0..n-1 (what packed rows carry;
+    the same positions the model defaults to, so the same step, but its masks stay dense)."""
+    out = dict(data)
+    for field in ("inputs", "targets"):
+        batch, length = data[field].shape
+        out[f"{field}_positions"] = np.broadcast_to(
+            np.arange(length, dtype=np.int32), (batch, length)
+        ).copy()
+    return out
+
+
 def make_train_step(
     data: dict,
     dtype: str,

@@ -34,7 +34,10 @@ class ModelConfig:
     cached decoding; see `attention.local`); `value_rank` r > 0 factorises the value projection;
     `positional_dim` is the position width when positions are concatenated.
     `attention_impl` names one of `attention.IMPLEMENTATIONS`: "chunked" runs every attention
-    in blocks with an online softmax (`attention.chunked`), its memory linear in the length.
+    in blocks with an online softmax (`attention.chunked`), its memory linear in the length;
+    with "cudnn" the masks of rows given without positions (unpacked: one sequence each,
+    padded at its end) go to cuDNN as lengths (`attention.Lengths`), so pass positions with
+    packed rows (the data pipeline does).
     `residual_impl="pallas"` runs each post-LN residual step LayerNorm(x + dropout(y)) as one
     fused Pallas kernel each way (`tfjax.nn.fused`; Triton on NVIDIA GPUs, interpreted
     elsewhere), with hash-based dropout masks; "xla" (default) leaves it to XLA.

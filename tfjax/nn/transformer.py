@@ -312,14 +312,18 @@ class Encoder(_Stack):
     ) -> Float[Array, "B S D"]:
         cfg = self.config
         window = self._window(segment_ids, positions, causal=False)
+        lengths = _as_lengths(cfg, positions)
         positions = positional.default_positions(tokens) if positions is None else positions
         x = Embedder(cfg, self.embed, name="embedder")(
             tokens, positions, deterministic=deterministic, token_types=token_types
         )
         mask = bias = None
         if window is None:
-            mask = None if segment_ids is None else masking.segment_mask(segment_ids)
             bias = self._position_bias(positions, positions, bidirectional=True)
+            if lengths and bias is None:
+                mask = attention.Lengths(_lengths(segment_ids), _lengths(segment_ids))
+            elif segment_ids is not None:
+                mask = masking.segment_mask(segment_ids)
         x = stacking.apply_layers(
             lambda name: EncoderLayer(cfg, name=name),
             x,
@@ -365,6 +369,7 @@ class Decoder(_Stack):
         if decode and (positions is None or segment_ids is not None):
             raise ValueError("decode=True needs the new tokens' positions and no segment_ids")
         window = None if decode else self._window(segment_ids, positions, causal=True)
+        lengths = not decode and _as_lengths(cfg, positions)
         positions = positional.default_positions(tokens) if positions is None else positions
         x = Embedder(cfg, self.embed, name="embedder")(
             tokens, positions, deterministic=deterministic
@@ -373,10 +378,16 @@ class Decoder(_Stack):
         if decode:
             mask, bias = self._decode_mask_and_bias(positions, tokens.shape[1])
         elif window is None:
-            mask = self._causal_mask(tokens.shape[1], segment_ids)
             bias = self._position_bias(positions, positions, bidirectional=False)
+            if lengths and bias is None:
+                target_lengths = _lengths(segment_ids)
+                mask = attention.Lengths(target_lengths, target_lengths, causal=True)
+            else:
+                mask = self._causal_mask(tokens.shape[1], segment_ids)
         cross_mask = None
-        if self.cross_attention:
+        if self.cross_attention and lengths:
+            cross_mask = attention.Lengths(_lengths(segment_ids), _lengths(encoded_segment_ids))
+        elif self.cross_attention:
             cross_mask = _cross_mask(tokens, encoded, segment_ids, encoded_segment_ids)
         num_layers = cfg.num_decoder_layers if self.cross_attention else cfg.num_layers
         x = stacking.apply_layers(
@@ -419,6 +430,21 @@ class Decoder(_Stack):
         layer = self.variables.get("cache", {}).get(first, {}).get("self_attention", {})
         # [B, K, S, H], or [num_layers, B, K, S, H] in a scanned stack.
         return layer["cached_key"].shape[-2] if "cached_key" in layer else length
+
+
+def _as_lengths(cfg, positions: Array | None) -> bool:
+    """Whether this stack's masks go to attention as `attention.Lengths`: with cuDNN's fused
+    attention, for unpacked rows. Rows come unpacked (one sequence each, padded at the end)
+    when the caller gives no positions; packed batches carry per-segment positions (the data
+    pipeline's `*_positions`) and keep the dense segment masks."""
+    return cfg.attention_impl == "cudnn" and positions is None
+
+
+def _lengths(segment_ids: Array | None) -> Array | None:
+    """[B] int32 tokens per row (non-zero segment ids), or None for no padding."""
+    if segment_ids is None:
+        return None
+    return jnp.sum(segment_ids != 0, axis=1, dtype=jnp.int32)
 
 
 def _cross_mask(

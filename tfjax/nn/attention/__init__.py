@@ -8,7 +8,8 @@ Submodules, one job each (each imports only those listed above it):
   with dense masks and biases read per block and causality, windows, segment ids and offset
   biases (T5 relative, ALiBi) built per block;
 - `core`: pure attention math: `masked_softmax` and `dot_product_attention` with its XLA /
-  cuDNN / chunked / reference dispatch;
+  cuDNN / chunked / reference dispatch, and `Lengths`, a padding (and causal) mask given by
+  lengths, which cuDNN applies in its kernel;
 - `local`: blocked `local_attention`, |i - j| <= r in O(L · r), with segment ids, causality,
   dropout and offset biases (T5 relative, ALiBi); `Window`, the restriction a model hands to
   `MultiHeadAttention(..., window=...)` (radius None: only causality, segments and the offset
@@ -44,6 +45,7 @@ from tfjax.nn.attention.chunked import chunked_attention
 from tfjax.nn.attention.core import (
     IMPLEMENTATIONS,
     SCORES,
+    Lengths,
     attention_logits,
     attention_weights,
     dot_product_attention,
@@ -55,6 +57,7 @@ from tfjax.nn.attention.module import MultiHeadAttention
 __all__ = [
     "IMPLEMENTATIONS",
     "SCORES",
+    "Lengths",
     "MultiHeadAttention",
     "Window",
     "attention_logits",

@@ -13,9 +13,10 @@ Sources:
 - multi-query and grouped-query attention: Shazeer 2019; Ainslie et al. 2023 (GQA), §2.
 """
 
+import flax.struct
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, Bool, Float, Int
 
 from tfjax.nn.attention import chunked
 from tfjax.nn.attention.primitives import (  # re-exported: core.attention_logits and the rest
@@ -29,6 +30,46 @@ from tfjax.nn.attention.primitives import (  # re-exported: core.attention_logit
 
 IMPLEMENTATIONS = ("auto", "reference", "xla", "cudnn", "chunked")
 _FAST_SCORES = ("scaled_dot", "dot")
+
+
+@flax.struct.dataclass
+class Lengths:
+    """A padding (and causal) mask given by lengths: each row one sequence, padded at its end.
+
+    Query i of row b may attend to key j iff i < q_lengths[b], j < kv_lengths[b] and, when
+    causal, j <= i (None: no padding on that side). `dot_product_attention(mask=...)` takes it
+    in place of the boolean mask it describes (`dense`): cuDNN's fused attention then masks
+    from the lengths in the kernel, with no [B, 1, L, S] bias to read, no bias gradient to
+    compute and the blocks above the diagonal skipped when causal; every other path builds
+    the dense mask. It cannot describe packed rows (several segments in one row).
+    """
+
+    q_lengths: Int[Array, " B"] | None = None
+    kv_lengths: Int[Array, " B"] | None = None
+    causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+    def dense(self, length: int, kv_length: int) -> Bool[Array, "#B 1 L S"] | None:
+        """The boolean mask [B|1, 1, L, S] this describes, or None when it masks nothing."""
+        mask = None
+        if self.causal:
+            mask = jnp.tril(jnp.ones((length, kv_length), bool))[None, None]
+        for lengths, axis, size in ((self.q_lengths, 2, length), (self.kv_lengths, 3, kv_length)):
+            if lengths is None:
+                continue
+            valid = jnp.arange(size) < lengths[:, None]  # [B, size]
+            valid = jnp.expand_dims(valid, (1, 5 - axis))  # [B, 1, L, 1] or [B, 1, 1, S]
+            mask = valid if mask is None else mask & valid
+        return mask
+
+    def row_valid(self, length: int) -> Bool[Array, "#B #L"] | None:
+        """[B, L]: query rows that may attend to some key (None: all of them)."""
+        valid = None
+        if self.q_lengths is not None:
+            valid = jnp.arange(length) < self.q_lengths[:, None]
+        if self.kv_lengths is not None:
+            has_key = (self.kv_lengths > 0)[:, None]
+            valid = has_key if valid is None else valid & has_key
+        return valid
 
 
 def use_fast_path(score: str, implementation: str, dropout: bool) -> bool:
@@ -134,12 +175,44 @@ def _jax_attention(
     return out
 
 
+def _lengths_attention(
+    q: Float[Array, "B L N H"],
+    k: Float[Array, "B S K H"],
+    v: Float[Array, "B S K H"],
+    lengths: Lengths,
+    score: str,
+    implementation: str,
+) -> Float[Array, "B L N H"]:
+    """`jax.nn.dot_product_attention` masking from `lengths` (cuDNN: in the kernel); rows that
+    may attend to no key are zeros, as on the dense path."""
+    if implementation == "cudnn":
+        _check_cudnn(q)
+    kv_lengths = lengths.kv_lengths
+    if kv_lengths is not None:  # a row with no key attends to key 0; zeroed below
+        kv_lengths = jnp.maximum(kv_lengths, 1).astype(jnp.int32)
+    q_lengths = None if lengths.q_lengths is None else lengths.q_lengths.astype(jnp.int32)
+    out = jax.nn.dot_product_attention(
+        q,
+        k.astype(q.dtype),
+        v.astype(q.dtype),
+        is_causal=lengths.causal,
+        query_seq_lengths=q_lengths,
+        key_value_seq_lengths=kv_lengths,
+        scale=q.shape[-1] ** -0.5 if score == "scaled_dot" else 1.0,
+        implementation="cudnn" if implementation == "cudnn" else None,
+    )
+    valid = lengths.row_valid(q.shape[1])
+    if valid is not None:
+        out = jnp.where(valid[:, :, None, None], out, 0)
+    return out.astype(v.dtype)
+
+
 def dot_product_attention(
     q: Float[Array, "B L N H"],
     k: Float[Array, "B S K H"],
     v: Float[Array, "B S K H"],
     *,
-    mask: Bool[Array, "#B #N #L #S"] | None = None,
+    mask: Bool[Array, "#B #N #L #S"] | Lengths | None = None,
     bias: Float[Array, "#B #N #L #S"] | None = None,
     score: str = "scaled_dot",
     score_params: dict[str, Array] | None = None,
@@ -153,7 +226,8 @@ def dot_product_attention(
     Args:
       q: queries [B, L, N, H] in the compute dtype.
       k, v: keys and values [B, S, K, H]; K divides N (multi-query K = 1, grouped-query 1 < K < N).
-      mask: bool, True = may attend, broadcastable to [B, N, L, S].
+      mask: bool, True = may attend, broadcastable to [B, N, L, S]; or a `Lengths`, which
+        cuDNN applies in its kernel (without `bias`) and every other path as its dense mask.
       bias: float additive logit bias broadcastable to [B, N, L, S] (relative positions, ALiBi).
       score: one of `SCORES`; see `attention_logits`.
       score_params: parameters of the "general" and "additive" scores.
@@ -173,6 +247,10 @@ def dot_product_attention(
     """
     check_qkv(q, k, v)
     dropout = dropout_active(dropout_rate, deterministic)
+    if isinstance(mask, Lengths):
+        if implementation == "cudnn" and bias is None and use_fast_path(score, "cudnn", dropout):
+            return _lengths_attention(q, k, v, mask, score, implementation)
+        mask = mask.dense(q.shape[1], k.shape[1])
     if implementation == "chunked":
         return chunked.chunked_attention(
             q,

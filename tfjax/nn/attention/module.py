@@ -127,7 +127,7 @@ class MultiHeadAttention(nn.Module):
         inputs_q: Float[Array, "B L D"],
         inputs_kv: Float[Array, "B S E"] | None = None,
         *,
-        mask: Bool[Array, "#B #N #L #S"] | None = None,
+        mask: Bool[Array, "#B #N #L #S"] | core.Lengths | None = None,
         bias: Float[Array, "#B #N #L #S"] | None = None,
         window: local.Window | None = None,
         q_positions: Array | None = None,
@@ -142,6 +142,8 @@ class MultiHeadAttention(nn.Module):
           inputs_kv: [B, S, E] keys' and values' inputs (cross-attention), or None.
           mask: bool, True = may attend, broadcastable to [B, N, L, S]. While decoding with
             self-attention S is the cache length and the mask must hide the unwritten slots.
+            Outside decoding also a `core.Lengths` (padding and causality as lengths, which
+            cuDNN's fused attention applies in its kernel).
           bias: additive logit bias broadcastable to [B, N, L, S] (relative positions, ALiBi).
           window: restricted self-attention (`local.Window`) in place of `mask` and `bias`,
             outside decoding: O(L · r) for the dot scores (see `local.window_attention`).
@@ -158,10 +160,12 @@ class MultiHeadAttention(nn.Module):
 
         Raises:
           ValueError: for a cross-attention module called without `inputs_kv` outside decoding,
-            a `window` with cross-attention, decoding, a mask or a bias, or a decoding step
-            whose shapes do not fit the cache.
+            a `window` with cross-attention, decoding, a mask or a bias, a `core.Lengths` mask
+            while decoding, or a decoding step whose shapes do not fit the cache.
         """
         core.check_score(self.score)
+        if decode and isinstance(mask, core.Lengths):
+            raise ValueError("decode=True takes a boolean mask over the cache, not core.Lengths")
         _check_window(window, inputs_kv, mask, bias, decode)
         width = inputs_q.shape[-1]
         n, kv, h = projections.head_sizes(width, self.num_heads, self.num_kv_heads, self.head_dim)
@@ -195,6 +199,8 @@ def _weights(q, k, restrict, score: str, score_params, *, decode: bool) -> Array
         mask, bias = local.dense_mask_and_bias(restrict, q.shape[1])
     else:
         mask, bias = restrict
+    if isinstance(mask, core.Lengths):
+        mask = mask.dense(q.shape[1], k.shape[1])
     return core.attention_weights(
         q, k, mask=mask, bias=bias, score=score, score_params=score_params
     )
