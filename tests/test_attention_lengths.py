@@ -60,6 +60,7 @@ CASES = {
     # padded queries and keys, a row without keys (all its outputs zero), grouped-query heads
     "padding": (jnp.array([6, 2, 4]), jnp.array([7, 0, 3]), False, 7),
     "keys only": (None, jnp.array([1, 7, 5]), False, 7),
+    "a row without queries": (jnp.array([0, 6, 3]), jnp.array([7, 2, 5]), False, 7),
     "causal": (jnp.array([6, 3, 1]), jnp.array([6, 3, 1]), True, 6),
     "causal, no padding": (None, None, True, 6),
 }
@@ -86,11 +87,11 @@ def test_lengths_path_matches_the_reference_with_gradients(case):
     want = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, reference)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    if q_lengths is not None:  # padded query rows are zeros
-        out = fast(q, k, v)
-        assert not np.any(out[1, int(q_lengths[1]) :])
+    out = fast(q, k, v)
+    for row in range(q.shape[0]) if q_lengths is not None else ():  # padded queries: zeros
+        assert not np.any(out[row, int(q_lengths[row]) :])
     if kv_lengths is not None and int(kv_lengths.min()) == 0:
-        assert not np.any(fast(q, k, v)[int(jnp.argmin(kv_lengths))])
+        assert not np.any(out[int(jnp.argmin(kv_lengths))])
 
 
 @pytest.mark.parametrize("implementation", ["auto", "reference", "chunked"])

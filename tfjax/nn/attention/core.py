@@ -187,10 +187,11 @@ def _lengths_attention(
     may attend to no key are zeros, as on the dense path."""
     if implementation == "cudnn":
         _check_cudnn(q)
-    kv_lengths = lengths.kv_lengths
-    if kv_lengths is not None:  # a row with no key attends to key 0; zeroed below
-        kv_lengths = jnp.maximum(kv_lengths, 1).astype(jnp.int32)
-    q_lengths = None if lengths.q_lengths is None else lengths.q_lengths.astype(jnp.int32)
+    # Empty rows are computed as length 1 (no empty softmax in the kernel) and zeroed below.
+    q_lengths, kv_lengths = (
+        None if n is None else jnp.maximum(n, 1).astype(jnp.int32)
+        for n in (lengths.q_lengths, lengths.kv_lengths)
+    )
     out = jax.nn.dot_product_attention(
         q,
         k.astype(q.dtype),
