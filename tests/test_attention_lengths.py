@@ -235,3 +235,14 @@ def test_cudnn_models_mask_by_lengths_as_with_dense_masks(kind):
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         a, b = np.float32(a), np.float32(b)
         assert np.linalg.norm(a - b) <= 2e-2 * np.linalg.norm(b) + 2e-3
+
+
+@pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
+def test_scanned_stacks_take_lengths_too(_cudnn_as_xla, kind):
+    # nn.scan broadcasts the Lengths (a pytree) to every layer like a dense mask.
+    model, batch = _model_and_batch(kind, scan_layers=True)
+    got = _loss_and_grads(model, batch, positions=False)
+    assert _cudnn_as_xla and (True, True, True) in _cudnn_as_xla
+    want = _loss_and_grads(model, batch, positions=True)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=2e-2, atol=2e-3)
