@@ -237,6 +237,7 @@ def test_cudnn_models_mask_by_lengths_as_with_dense_masks(kind):
         assert np.linalg.norm(a - b) <= 2e-2 * np.linalg.norm(b) + 2e-3
 
 
+@pytest.mark.slow  # 37 s on the 2-core CPU; the unscanned models are checked above
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
 def test_scanned_stacks_take_lengths_too(_cudnn_as_xla, kind):
     # nn.scan broadcasts the Lengths (a pytree) to every layer like a dense mask.
