@@ -77,7 +77,7 @@ def test_lengths_path_matches_the_reference_with_gradients(case):
         return jnp.sum(fn(q, k, v) * weights)
 
     def fast(q, k, v):  # what the cuDNN call computes, through XLA
-        return core._lengths_attention(q, k, v, lengths, "scaled_dot", "xla")
+        return core._jax_attention(q, k, v, lengths, None, "scaled_dot", "xla")
 
     def reference(q, k, v):
         mask = lengths.dense(q.shape[1], k.shape[1])
@@ -103,6 +103,12 @@ def test_other_paths_take_lengths_as_their_dense_mask(implementation):
         q, k, v, mask=lengths.dense(6, 7), implementation="reference"
     )
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_causal_lengths_mask_needs_as_many_queries_as_keys():
+    q, k, v = _qkv(2)  # 6 queries, 7 keys
+    with pytest.raises(ValueError, match="causal Lengths mask is for self-attention"):
+        attention.dot_product_attention(q, k, v, mask=attention.Lengths(causal=True))
 
 
 def test_decoding_refuses_lengths():
@@ -247,3 +253,16 @@ def test_scanned_stacks_take_lengths_too(_cudnn_as_xla, kind):
     want = _loss_and_grads(model, batch, positions=True)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=2e-2, atol=2e-3)
+
+
+def test_cudnn_with_a_bias_takes_the_dense_mask(_cudnn_as_xla):
+    # cuDNN would need the bias's gradient anyway: the lengths become the dense mask.
+    q, k, v = _qkv(3)
+    lengths = attention.Lengths(jnp.array([6, 2, 4]), jnp.array([7, 1, 3]))
+    bias = jax.random.normal(jax.random.key(4), (1, 4, 6, 7))
+    got = attention.dot_product_attention(q, k, v, mask=lengths, bias=bias, implementation="cudnn")
+    want = attention.dot_product_attention(
+        q, k, v, mask=lengths.dense(6, 7), bias=bias, implementation="reference"
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not _cudnn_as_xla  # no lengths-path call

@@ -367,3 +367,29 @@ def test_train_bench_builds_the_model_with_the_fused_residual():
     assert model.config.residual_impl == "pallas"
     run, _ = workload.make_train_step(data, "float32", TINY, residual_impl="pallas")
     assert np.isfinite(float(run()["loss_sum"]))
+
+
+def test_positions_option_hands_the_model_positions_0_to_n(monkeypatch):
+    seen = []
+    real = workload.make_train_step
+
+    def spy(data, *args, **kwargs):
+        seen.append(data)
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(workload, "make_train_step", spy)
+    dense = train.bench_train(1, TINY["batch"], "float32", shape=TINY, positions=True)
+    default = train.bench_train(1, TINY["batch"], "float32", shape=TINY)
+    assert dense["masks"].startswith("dense") and default["masks"].startswith("by the model")
+    for field in ("inputs", "targets"):
+        length = TINY["source_len" if field == "inputs" else "target_len"]
+        want = np.tile(np.arange(length, dtype=np.int32), (TINY["batch"], 1))
+        np.testing.assert_array_equal(seen[0][f"{field}_positions"], want)
+        assert f"{field}_positions" not in seen[1]
+    # The default positions: the same step either way.
+    data = workload.random_batch(TINY["batch"], TINY)
+    losses = [
+        float(workload.make_train_step(d, "float32", TINY)[0]()["loss_sum"])
+        for d in (data, workload.with_positions(data))
+    ]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)

@@ -321,7 +321,8 @@ class Encoder(_Stack):
         if window is None:
             bias = self._position_bias(positions, positions, bidirectional=True)
             if lengths and bias is None:
-                mask = attention.Lengths(_lengths(segment_ids), _lengths(segment_ids))
+                source_lengths = _lengths(segment_ids)
+                mask = attention.Lengths(source_lengths, source_lengths)
             elif segment_ids is not None:
                 mask = masking.segment_mask(segment_ids)
         x = stacking.apply_layers(

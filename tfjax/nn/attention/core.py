@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from tfjax.nn import masking
 from tfjax.nn.attention import chunked
 from tfjax.nn.attention.primitives import (  # re-exported: core.attention_logits and the rest
     SCORES,  # noqa: F401
@@ -50,26 +51,23 @@ class Lengths:
 
     def dense(self, length: int, kv_length: int) -> Bool[Array, "#B 1 L S"] | None:
         """The boolean mask [B|1, 1, L, S] this describes, or None when it masks nothing."""
-        mask = None
-        if self.causal:
-            mask = jnp.tril(jnp.ones((length, kv_length), bool))[None, None]
-        for lengths, axis, size in ((self.q_lengths, 2, length), (self.kv_lengths, 3, kv_length)):
-            if lengths is None:
-                continue
-            valid = jnp.arange(size) < lengths[:, None]  # [B, size]
-            valid = jnp.expand_dims(valid, (1, 5 - axis))  # [B, 1, L, 1] or [B, 1, 1, S]
-            mask = valid if mask is None else mask & valid
-        return mask
+        return masking.combine_masks(
+            masking.causal_mask(length, kv_length) if self.causal else None,
+            _valid(self.q_lengths, length, (1, 3)),  # [B, 1, L, 1]
+            _valid(self.kv_lengths, kv_length, (1, 2)),  # [B, 1, 1, S]
+        )
 
     def row_valid(self, length: int) -> Bool[Array, "#B #L"] | None:
         """[B, L]: query rows that may attend to some key (None: all of them)."""
-        valid = None
-        if self.q_lengths is not None:
-            valid = jnp.arange(length) < self.q_lengths[:, None]
-        if self.kv_lengths is not None:
-            has_key = (self.kv_lengths > 0)[:, None]
-            valid = has_key if valid is None else valid & has_key
-        return valid
+        has_key = None if self.kv_lengths is None else (self.kv_lengths > 0)[:, None]
+        return masking.combine_masks(_valid(self.q_lengths, length, ()), has_key)
+
+
+def _valid(lengths: Array | None, length: int, new_axes: tuple[int, ...]) -> Array | None:
+    """[B, length] bool: positions before each row's length, with `new_axes` added."""
+    if lengths is None:
+        return None
+    return jnp.expand_dims(masking.lengths_to_segment_ids(lengths, length) != 0, new_axes)
 
 
 def use_fast_path(score: str, implementation: str, dropout: bool) -> bool:
@@ -153,59 +151,41 @@ def _jax_attention(
     q: Float[Array, "B L N H"],
     k: Float[Array, "B S K H"],
     v: Float[Array, "B S K H"],
-    mask: Bool[Array, "#B #N #L #S"] | None,
+    mask: Bool[Array, "#B #N #L #S"] | Lengths | None,
     bias: Float[Array, "#B #N #L #S"] | None,
     score: str,
     implementation: str,
 ) -> Float[Array, "B L N H"]:
-    """The dot scores through `jax.nn.dot_product_attention` (XLA, or cuDNN when asked)."""
+    """The dot scores through `jax.nn.dot_product_attention` (XLA, or cuDNN when asked), with a
+    boolean mask or one given by `Lengths` (cuDNN: applied in the kernel); rows that may attend
+    to no key are zeros, as on the reference path."""
     if implementation == "cudnn":
         _check_cudnn(q)
+    masks = {"mask": mask}
+    if isinstance(mask, Lengths):
+        # Empty rows are computed as length 1 (no empty softmax in the kernel), zeroed below.
+        q_lengths, kv_lengths = (
+            None if n is None else jnp.maximum(n, 1).astype(jnp.int32)
+            for n in (mask.q_lengths, mask.kv_lengths)
+        )
+        masks = dict(
+            is_causal=mask.causal, query_seq_lengths=q_lengths, key_value_seq_lengths=kv_lengths
+        )
     out = jax.nn.dot_product_attention(
         q,
         k.astype(q.dtype),
         v.astype(q.dtype),
         bias=None if bias is None else bias.astype(q.dtype),
-        mask=mask,
         scale=q.shape[-1] ** -0.5 if score == "scaled_dot" else 1.0,
         implementation="cudnn" if implementation == "cudnn" else None,
+        **masks,
     ).astype(v.dtype)
-    if mask is not None:  # fully masked rows are zeros, as on the reference path
-        out = jnp.where(_row_has_key(mask, out.shape), out, 0).astype(v.dtype)
-    return out
-
-
-def _lengths_attention(
-    q: Float[Array, "B L N H"],
-    k: Float[Array, "B S K H"],
-    v: Float[Array, "B S K H"],
-    lengths: Lengths,
-    score: str,
-    implementation: str,
-) -> Float[Array, "B L N H"]:
-    """`jax.nn.dot_product_attention` masking from `lengths` (cuDNN: in the kernel); rows that
-    may attend to no key are zeros, as on the dense path."""
-    if implementation == "cudnn":
-        _check_cudnn(q)
-    # Empty rows are computed as length 1 (no empty softmax in the kernel) and zeroed below.
-    q_lengths, kv_lengths = (
-        None if n is None else jnp.maximum(n, 1).astype(jnp.int32)
-        for n in (lengths.q_lengths, lengths.kv_lengths)
-    )
-    out = jax.nn.dot_product_attention(
-        q,
-        k.astype(q.dtype),
-        v.astype(q.dtype),
-        is_causal=lengths.causal,
-        query_seq_lengths=q_lengths,
-        key_value_seq_lengths=kv_lengths,
-        scale=q.shape[-1] ** -0.5 if score == "scaled_dot" else 1.0,
-        implementation="cudnn" if implementation == "cudnn" else None,
-    )
-    valid = lengths.row_valid(q.shape[1])
-    if valid is not None:
-        out = jnp.where(valid[:, :, None, None], out, 0)
-    return out.astype(v.dtype)
+    if isinstance(mask, Lengths):
+        valid = mask.row_valid(q.shape[1])
+        valid = None if valid is None else valid[:, :, None, None]  # [B, L, 1, 1]
+    else:
+        valid = None if mask is None else _row_has_key(mask, out.shape)
+    return out if valid is None else jnp.where(valid, out, 0).astype(v.dtype)
 
 
 def dot_product_attention(
@@ -249,8 +229,13 @@ def dot_product_attention(
     check_qkv(q, k, v)
     dropout = dropout_active(dropout_rate, deterministic)
     if isinstance(mask, Lengths):
+        if mask.causal and q.shape[1] != k.shape[1]:
+            raise ValueError(
+                f"a causal Lengths mask is for self-attention (as many queries as keys), got "
+                f"{q.shape[1]} queries and {k.shape[1]} keys: use masking.causal_mask"
+            )
         if implementation == "cudnn" and bias is None and use_fast_path(score, "cudnn", dropout):
-            return _lengths_attention(q, k, v, mask, score, implementation)
+            return _jax_attention(q, k, v, mask, None, score, implementation)
         mask = mask.dense(q.shape[1], k.shape[1])
     if implementation == "chunked":
         return chunked.chunked_attention(
