@@ -97,6 +97,7 @@ def test_config_from_config_dict():
         ({"b2": -0.1}, "b2", "[0, 1)"),
         ({"eps": 0.0}, "eps", "> 0"),
         ({"optimizer": "adamw", "weight_decay": -0.1}, "weight_decay", ">= 0"),
+        ({"weight_decay_params": "biases"}, "weight_decay_params", "matrices"),
         ({"weight_decay": 0.1}, "weight_decay", "adamw"),
         ({"grad_clip_norm": -1.0}, "grad_clip_norm", ">= 0"),
         ({"grad_accum_steps": 0}, "grad_accum_steps", ">= 1"),
@@ -162,6 +163,59 @@ def test_adamw_applies_decoupled_weight_decay():
     update, _ = optimizer.update(jnp.array([0.5, 0.5, -0.5]), optimizer.init(params), params)
     expected = -0.01 * (np.sign([0.5, 0.5, -0.5]) + 0.1 * np.asarray(params))
     np.testing.assert_allclose(update, expected, rtol=1e-5)
+
+
+def _decay_only_update(config, params):
+    """The update of zero gradients: only the decay term, -lr · wd · param, where decayed."""
+    optimizer, _ = optim.make_optimizer(config, d_model=8)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    update, _ = optimizer.update(zeros, optimizer.init(params), params)
+    return update
+
+
+_LAYER = {
+    "dense": {"kernel": jnp.full((2, 3), 2.0), "bias": jnp.full((3,), 2.0)},
+    "norm": {"scale": jnp.full((3,), 2.0), "bias": jnp.full((3,), 2.0)},
+    "embed": {"embedding": jnp.full((4, 3), 2.0)},
+    "logits_bias": jnp.full((4,), 2.0),
+    # A scanned stack: layer axis first, so its bias and scale are 2-D and stay undecayed.
+    "scan": {
+        "kernel": jnp.full((2, 3, 3), 2.0),
+        "bias": jnp.full((2, 3), 2.0),
+        "scale": jnp.full((2, 3), 2.0),
+    },
+}
+
+
+def _adamw_config(params_rule: str) -> optim.OptimConfig:
+    """AdamW, decay 0.1 at a constant learning rate of 0.01."""
+    constant = dict(schedule="constant", learning_rate=0.01, warmup_steps=0)
+    return optim.OptimConfig(
+        optimizer="adamw", weight_decay=0.1, weight_decay_params=params_rule, **constant
+    )
+
+
+@pytest.mark.parametrize("params_rule", ["all", "matrices"])
+def test_adamw_decays_the_parameters_weight_decay_params_names(params_rule):
+    config = _adamw_config(params_rule)
+    update = _decay_only_update(config, _LAYER)
+    decayed = {"['dense']['kernel']", "['embed']['embedding']", "['scan']['kernel']"}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(update):
+        name = jax.tree_util.keystr(path)
+        want = -0.01 * 0.1 * 2.0 if params_rule == "all" or name in decayed else 0.0
+        np.testing.assert_allclose(leaf, np.full(leaf.shape, want), atol=1e-9, err_msg=name)
+
+
+def test_traced_optimizer_takes_the_decay_mask():
+    config = _adamw_config("matrices")
+    structure = optim.traced_structure([config])
+    optimizer, _ = optim.traced_optimizer(optim.traced_hyper(config, structure), structure, 8)
+    zeros = jax.tree.map(jnp.zeros_like, _LAYER)
+    traced, _ = optimizer.update(zeros, optimizer.init(_LAYER), _LAYER)
+    eager = _decay_only_update(config, _LAYER)
+    for got, want in zip(jax.tree.leaves(traced), jax.tree.leaves(eager), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-9)
+    assert float(traced["norm"]["scale"][0]) == 0.0 and float(traced["dense"]["kernel"][0, 0]) < 0
 
 
 def test_clipping_is_applied_before_adam():

@@ -9,6 +9,7 @@ Sources:
 - `cosine_schedule`: Loshchilov & Hutter 2017, "SGDR", eq. (5), without restarts, after a linear
   warmup.
 - AdamW: Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization", Algorithm 2.
+- Muon for the hidden layers' matrices: Jordan et al. 2024 (`tfjax.training.muon`).
 - Gradient accumulation: `optax.MultiSteps`.
 
 All schedules take optax's update count (0 for the first update) and evaluate at s = count + 1, so
@@ -23,9 +24,13 @@ import jax.numpy as jnp
 import optax
 
 from tfjax import errors
+from tfjax.training import muon
 
-OPTIMIZERS = ("adam", "adamw")
+OPTIMIZERS = ("adam", "adamw", "muon")
 SCHEDULES = ("paper", "rsqrt", "cosine", "constant")
+DECAYED = ("all", "matrices")
+# Leaf names that `weight_decay_params="matrices"` leaves undecayed: biases and norm scales.
+_UNDECAYED_NAMES = ("bias", "logits_bias", "scale")
 
 
 def _require(ok: bool, field: str, expected: str, actual: object) -> None:
@@ -46,12 +51,20 @@ class OptimConfig:
     """Optimizer settings, built as `OptimConfig(**config.optim)`.
 
     Attributes:
-        optimizer: "adam" or "adamw".
+        optimizer: "adam", "adamw", or "muon": Muon (`tfjax.training.muon`) for the hidden
+            layers' kernels (attention projections, feed-forward layers) and AdamW for every
+            other parameter (embeddings, output and head layers, biases, norm scales).
         learning_rate: for the "paper" schedule the `scale` multiplier; otherwise the peak LR.
+            With "muon", that of the AdamW part.
+        muon_learning_rate: with "muon", the Muon part's `learning_rate` (same schedule).
+        muon_momentum: with "muon", the Muon part's (Nesterov) momentum; b1 is AdamW's.
         schedule: "paper", "rsqrt", "cosine" or "constant" (linear warmup, then constant).
         warmup_steps: linear warmup length in applied updates; > 0 for "paper" and "rsqrt".
         b1, b2, eps: Adam hyperparameters (defaults from Vaswani et al. 2017 §5.3).
-        weight_decay: decoupled weight decay; only with "adamw".
+        weight_decay: decoupled weight decay; with "adamw" and "muon" (both parts), not "adam".
+        weight_decay_params: which parameters "adamw" decays: "all", or "matrices" (every
+            parameter but biases and normalisation scales: GPT-2 / nanoGPT's rule of decaying
+            the >= 2-D tensors, by leaf name so that scanned stacks' 2-D biases stay undecayed).
         grad_clip_norm: clip gradients to this global norm; 0 turns clipping off.
         grad_accum_steps: micro-batches averaged per applied update (`optax.MultiSteps`).
         decay_steps: total applied updates of the "cosine" schedule, warmup included.
@@ -60,12 +73,15 @@ class OptimConfig:
 
     optimizer: str = "adam"
     learning_rate: float = 1.0
+    muon_learning_rate: float = 0.02
+    muon_momentum: float = 0.95
     schedule: str = "paper"
     warmup_steps: int = 4000
     b1: float = 0.9
     b2: float = 0.98
     eps: float = 1e-9
     weight_decay: float = 0.0
+    weight_decay_params: str = "all"
     grad_clip_norm: float = 0.0
     grad_accum_steps: int = 1
     decay_steps: int = 0
@@ -79,10 +95,16 @@ class OptimConfig:
     def _check_names(self) -> None:
         _require(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}", self.optimizer)
         _require(self.schedule in SCHEDULES, "schedule", f"one of {SCHEDULES}", self.schedule)
+        decayed = self.weight_decay_params
+        _require(decayed in DECAYED, "weight_decay_params", f"one of {DECAYED}", decayed)
 
     def _check_numbers(self) -> None:
         lr = self.learning_rate
         _require(_is_real(lr) and lr > 0, "learning_rate", "a number > 0", lr)
+        mlr = self.muon_learning_rate
+        _require(_is_real(mlr) and mlr > 0, "muon_learning_rate", "a number > 0", mlr)
+        beta = self.muon_momentum
+        _require(_is_real(beta) and 0 <= beta < 1, "muon_momentum", "a number in [0, 1)", beta)
         for field in ("warmup_steps", "decay_steps"):
             value = getattr(self, field)
             _require(_is_int(value) and value >= 0, field, "an integer >= 0", value)
@@ -116,6 +138,17 @@ def _check_weight_decay(optimizer: str, weight_decay: float) -> None:
             f"OptimConfig.weight_decay: expected 0 with optimizer='adam', got {weight_decay!r}; "
             "use optimizer='adamw' for (decoupled) weight decay"
         )
+
+
+def decay_mask(params):
+    """`weight_decay_params="matrices"`: True for every leaf but biases and norm scales."""
+
+    def decayed(path, leaf):
+        del leaf
+        last = path[-1]
+        return getattr(last, "key", getattr(last, "name", None)) not in _UNDECAYED_NAMES
+
+    return jax.tree_util.tree_map_with_path(decayed, params)
 
 
 def _step(count: jax.Array | int) -> jax.Array:
@@ -270,20 +303,42 @@ def make_optimizer(
     schedule = make_schedule(config, d_model)
     clip = config.grad_clip_norm if config.grad_clip_norm > 0 else None
     hyper = {"b1": config.b1, "b2": config.b2, "eps": config.eps}
-    hyper["weight_decay"] = config.weight_decay if config.optimizer == "adamw" else None
+    decays = config.optimizer == "adamw" or (config.optimizer == "muon" and config.weight_decay)
+    hyper["weight_decay"] = config.weight_decay if decays else None
+    hyper["decay_mask"] = decay_mask if config.weight_decay_params == "matrices" else None
+    if config.optimizer == "muon":
+        ratio = config.muon_learning_rate / config.learning_rate
+        hyper["muon"] = {
+            "schedule": lambda count: ratio * schedule(count),
+            "momentum": config.muon_momentum,
+        }
     return _chain(schedule, hyper, clip, config.grad_accum_steps), schedule
+
+
+def _not_muon(params):
+    return jax.tree.map(lambda m: not m, muon.muon_mask(params))
 
 
 def _chain(
     schedule: optax.Schedule, hyper: dict, clip_norm, grad_accum_steps: int
 ) -> optax.GradientTransformation:
-    """clip (unless `clip_norm` is None) → Adam, or AdamW unless hyper["weight_decay"] is None,
-    under `optax.MultiSteps` when grad_accum_steps > 1."""
+    """clip (unless `clip_norm` is None) → Adam, or AdamW unless hyper["weight_decay"] is None
+    (decaying the leaves `hyper["decay_mask"]` selects, all when None), under
+    `optax.MultiSteps` when grad_accum_steps > 1."""
     adam_args = dict(learning_rate=schedule, b1=hyper["b1"], b2=hyper["b2"], eps=hyper["eps"])
     if hyper["weight_decay"] is not None:
-        adam = optax.adamw(**adam_args, weight_decay=hyper["weight_decay"])
+        adam = optax.adamw(
+            **adam_args, weight_decay=hyper["weight_decay"], mask=hyper.get("decay_mask")
+        )
     else:
         adam = optax.adam(**adam_args)
+    if hyper.get("muon") is not None:
+        matrices = optax.chain(
+            muon.scale_by_muon(hyper["muon"]["momentum"]),
+            optax.add_decayed_weights(hyper["weight_decay"] or 0.0),
+            optax.scale_by_learning_rate(hyper["muon"]["schedule"]),
+        )
+        adam = optax.chain(optax.masked(matrices, muon.muon_mask), optax.masked(adam, _not_muon))
     parts = [] if clip_norm is None else [optax.clip_by_global_norm(clip_norm)]
     optimizer = optax.chain(*parts, adam)
     if grad_accum_steps > 1:
@@ -317,12 +372,14 @@ class TracedStructure:
         adamw: AdamW for every trial (Adam trials get weight decay 0: the same update).
         clip: clipping for every trial (trials without get an infinite norm: no clipping).
         grad_accum_steps: shared by all trials.
+        weight_decay_params: shared by all trials.
     """
 
     schedules: tuple[str, ...]
     adamw: bool
     clip: bool
     grad_accum_steps: int
+    weight_decay_params: str = "all"
 
 
 def traced_structure(configs: "list[OptimConfig]") -> TracedStructure:
@@ -332,6 +389,11 @@ def traced_structure(configs: "list[OptimConfig]") -> TracedStructure:
         tfjax.errors.ConfigError: if the trials differ in a field outside `TRACEABLE`.
     """
     first = dataclasses.asdict(configs[0])
+    if any(c.optimizer == "muon" for c in configs):
+        raise errors.ConfigError(
+            "optim.optimizer='muon' cannot be vectorised: run such trials one after another "
+            "(sweep.vectorize=false)"
+        )
     for config in configs[1:]:
         for key, value in dataclasses.asdict(config).items():
             if key not in TRACEABLE and value != first[key]:
@@ -344,6 +406,7 @@ def traced_structure(configs: "list[OptimConfig]") -> TracedStructure:
         adamw=any(c.optimizer == "adamw" for c in configs),
         clip=any(c.grad_clip_norm > 0 for c in configs),
         grad_accum_steps=configs[0].grad_accum_steps,
+        weight_decay_params=configs[0].weight_decay_params,
     )
 
 
@@ -388,5 +451,6 @@ def traced_optimizer(
 
     adam = {k: hyper[k] for k in ("b1", "b2", "eps")}
     adam["weight_decay"] = hyper["weight_decay"] if structure.adamw else None
+    adam["decay_mask"] = decay_mask if structure.weight_decay_params == "matrices" else None
     clip = hyper["grad_clip_norm"] if structure.clip else None
     return _chain(schedule, adam, clip, structure.grad_accum_steps), schedule

@@ -1,0 +1,194 @@
+"""Muon (tfjax.training.muon, optimizer="muon"): Newton-Schulz against numpy and the exact polar
+factor, the kernels' matrix axes, the first two updates written out, training and resuming."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import config_utils
+from tfjax import errors
+from tfjax.runs import build, trainer
+from tfjax.training import muon, optim
+
+
+def _newton_schulz_numpy(u, steps=5):
+    """The quintic iteration written out in float64, on a wide (m <= n) copy of u."""
+    x = np.asarray(u, np.float64)
+    tall = x.shape[0] > x.shape[1]
+    x = x.T if tall else x
+    x = x / (np.linalg.norm(x) + 1e-7)
+    for _ in range(steps):
+        a = x @ x.T
+        x = 3.4445 * x + (-4.7750 * a + 2.0315 * a @ a) @ x
+    return x.T if tall else x
+
+
+@pytest.mark.parametrize("shape", [(6, 10), (10, 6), (8, 8)])
+def test_newton_schulz_matches_numpy_and_approaches_the_polar_factor(shape):
+    u = np.random.default_rng(0).normal(size=shape)
+    got = np.asarray(muon.newton_schulz(jnp.asarray(u, jnp.float32)))
+    np.testing.assert_allclose(got, _newton_schulz_numpy(u), atol=2e-5)
+    # The polar factor U V^T of u = U S V^T; Newton-Schulz leaves singular values in ~[0.6, 1.2].
+    left, _, right = np.linalg.svd(u, full_matrices=False)
+    singular = np.linalg.svd(got, compute_uv=False)
+    assert singular.min() > 0.6 and singular.max() < 1.25, singular
+    polar = left @ right
+    cosine = np.sum(got * polar) / np.linalg.norm(got) / np.linalg.norm(polar)
+    assert cosine > 0.95, cosine
+
+
+def _kernel_tree():
+    rng = np.random.default_rng(1)
+    r = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)  # noqa: E731
+    return {
+        "embed": {"embedding": r(11, 8)},
+        "decoder": {
+            "layer_0": {
+                "self_attention": {
+                    "qkv": {"kernel": r(8, 6, 4), "bias": r(6, 4)},
+                    "out": {"kernel": r(2, 4, 8), "bias": r(8)},
+                },
+                "cross_attention": {"query": {"kernel": r(8, 2, 4)}, "kv": {"kernel": r(8, 4, 4)}},
+                "mlp": {"wi": {"kernel": r(8, 16)}, "wo": {"kernel": r(16, 8)}},
+                "mlp_residual": {"norm": {"scale": r(8)}},
+            },
+            # A scanned stack of 3 layers: the layer axis comes first.
+            "layers": {
+                "mlp": {"wi_gate": {"kernel": r(3, 8, 16)}},
+                "self_attention": {"out": {"kernel": r(3, 2, 4, 8)}},
+            },
+        },
+        "pooler": {"kernel": r(8, 8)},
+        "classifier": {"kernel": r(8, 3)},
+    }
+
+
+def test_muon_dimensions_names_the_hidden_kernels_and_their_fan_in():
+    axes = {
+        jax.tree_util.keystr(p): a
+        for p, a in jax.tree_util.tree_leaves_with_path(
+            muon.muon_dimensions(_kernel_tree()),
+            is_leaf=lambda x: x is None or isinstance(x, muon.MatrixAxes),
+        )
+    }
+    layer = "['decoder']['layer_0']"
+    expected = {
+        f"{layer}['self_attention']['qkv']['kernel']": muon.MatrixAxes((), (0,)),
+        f"{layer}['self_attention']['out']['kernel']": muon.MatrixAxes((), (0, 1)),
+        f"{layer}['cross_attention']['query']['kernel']": muon.MatrixAxes((), (0,)),
+        f"{layer}['cross_attention']['kv']['kernel']": muon.MatrixAxes((), (0,)),
+        f"{layer}['mlp']['wi']['kernel']": muon.MatrixAxes((), (0,)),
+        f"{layer}['mlp']['wo']['kernel']": muon.MatrixAxes((), (0,)),
+        "['decoder']['layers']['mlp']['wi_gate']['kernel']": muon.MatrixAxes((0,), (1,)),
+        "['decoder']['layers']['self_attention']['out']['kernel']": muon.MatrixAxes((0,), (1, 2)),
+    }
+    assert {k: v for k, v in axes.items() if v is not None} == expected
+    # Embeddings, heads, biases and norm scales keep Adam.
+    assert axes["['embed']['embedding']"] is None and axes["['pooler']['kernel']"] is None
+    assert axes[f"{layer}['self_attention']['qkv']['bias']"] is None
+
+
+def test_orthogonalize_flattens_fan_in_and_fan_out_and_treats_layers_apart():
+    tree = _kernel_tree()
+    out = tree["decoder"]["layer_0"]["self_attention"]["out"]["kernel"]  # [N=2, H=4, D=8]
+    got = muon.orthogonalize(out, muon.MatrixAxes((), (0, 1)))
+    want = _newton_schulz_numpy(np.asarray(out).reshape(8, 8)).reshape(2, 4, 8)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    qkv = tree["decoder"]["layer_0"]["self_attention"]["qkv"]["kernel"]  # [D=8, 6, 4]: wide
+    got = muon.orthogonalize(qkv, muon.MatrixAxes((), (0,)))
+    want = _newton_schulz_numpy(np.asarray(qkv).reshape(8, 24)) * np.sqrt(24 / 8)
+    np.testing.assert_allclose(got, want.reshape(8, 6, 4), atol=5e-5)
+    stacked = tree["decoder"]["layers"]["mlp"]["wi_gate"]["kernel"]  # [3, 8, 16]
+    got = muon.orthogonalize(stacked, muon.MatrixAxes((0,), (1,)))
+    for i in range(3):
+        want = _newton_schulz_numpy(np.asarray(stacked[i])) * np.sqrt(2.0)
+        np.testing.assert_allclose(got[i], want, atol=5e-5)
+
+
+def _muon_config(**fields) -> optim.OptimConfig:
+    """Constant learning rates: 0.01 for the Adam part, 0.05 for Muon."""
+    constant = dict(schedule="constant", warmup_steps=0, learning_rate=0.01)
+    return optim.OptimConfig(optimizer="muon", muon_learning_rate=0.05, **constant, **fields)
+
+
+def test_the_first_two_updates_written_out():
+    config = _muon_config(muon_momentum=0.9, b1=0.9, b2=0.99, eps=1e-8)
+    optimizer, _ = optim.make_optimizer(config, d_model=8)
+    rng = np.random.default_rng(2)
+    params = {"mlp": {"wi": {"kernel": jnp.zeros((4, 6)), "bias": jnp.zeros(6)}}}
+    grads = [
+        {
+            "mlp": {
+                "wi": {
+                    "kernel": jnp.asarray(rng.normal(size=(4, 6)), jnp.float32),
+                    "bias": jnp.asarray(rng.normal(size=6), jnp.float32),
+                }
+            }
+        }
+        for _ in range(2)
+    ]
+    state = optimizer.init(params)
+    updates = []
+    for g in grads:
+        update, state = optimizer.update(g, state, params)
+        updates.append(update)
+    g1, g2 = (np.asarray(g["mlp"]["wi"]["kernel"], np.float64) for g in grads)
+    m1 = 0.1 * g1
+    m2 = 0.9 * m1 + 0.1 * g2
+    scale = np.sqrt(6 / 4)
+    for update, ahead in zip(updates, (0.9 * m1 + 0.1 * g1, 0.9 * m2 + 0.1 * g2), strict=True):
+        want = -0.05 * scale * _newton_schulz_numpy(ahead)
+        np.testing.assert_allclose(update["mlp"]["wi"]["kernel"], want, atol=5e-6)
+    # The bias takes Adam at learning_rate: its first step is -lr * g / (|g| + eps).
+    b1 = np.asarray(grads[0]["mlp"]["wi"]["bias"])
+    np.testing.assert_allclose(updates[0]["mlp"]["wi"]["bias"], -0.01 * np.sign(b1), rtol=1e-5)
+
+
+def test_muon_weight_decay_reaches_both_parts():
+    config = _muon_config(weight_decay=0.1, weight_decay_params="matrices")
+    optimizer, _ = optim.make_optimizer(config, d_model=8)
+    params = {
+        "embed": {"embedding": jnp.full((3, 4), 2.0)},
+        "mlp": {"wo": {"kernel": jnp.full((4, 4), 2.0), "bias": jnp.full(4, 2.0)}},
+    }
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    update, _ = optimizer.update(zeros, optimizer.init(params), params)
+    np.testing.assert_allclose(update["mlp"]["wo"]["kernel"], -0.05 * 0.1 * 2.0, rtol=1e-5)
+    np.testing.assert_allclose(update["embed"]["embedding"], -0.01 * 0.1 * 2.0, rtol=1e-5)
+    np.testing.assert_allclose(update["mlp"]["wo"]["bias"], 0.0)
+
+
+def test_muon_is_refused_in_a_vectorised_sweep_and_checks_its_fields():
+    with pytest.raises(errors.ConfigError, match=r"muon.*vectorised"):
+        optim.traced_structure([optim.OptimConfig(optimizer="muon")])
+    with pytest.raises(errors.ConfigError, match="muon_momentum"):
+        optim.OptimConfig(optimizer="muon", muon_momentum=1.0)
+    with pytest.raises(errors.ConfigError, match="muon_learning_rate"):
+        optim.OptimConfig(optimizer="muon", muon_learning_rate=0.0)
+
+
+@pytest.mark.parametrize(
+    "spec, scan",
+    [
+        ("configs/base.py:tiny", False),
+        ("configs/lm.py:tiny", True),
+        ("configs/classify.py:tiny", False),
+    ],
+)
+def test_every_model_kind_trains_with_muon_and_resumes_exactly(spec, scan, tmp_path):
+    flags = ["optim.optimizer=muon", f"model.scan_layers={scan}"]
+    straight = config_utils.load_config(spec, [*flags, "train.num_train_steps=6"])
+    assert np.isfinite(trainer.train_and_evaluate(straight, tmp_path / "straight")["loss"])
+    first = config_utils.load_config(spec, [*flags, "train.num_train_steps=4"])
+    trainer.train_and_evaluate(first, tmp_path / "resumed")
+    trainer.train_and_evaluate(straight, tmp_path / "resumed")  # resumes at step 4
+
+    def params(run):
+        config = build.load_config_json(tmp_path / run / "config.json")
+        return build.restore(config, tmp_path / run)[1].state.params
+
+    want, got = params("straight"), params("resumed")
+    jax.tree.map(np.testing.assert_array_equal, want, got)
+    mask = jax.tree.leaves(muon.muon_mask(want))
+    assert 0 < sum(mask) < len(mask)  # hidden kernels take Muon, the rest Adam
