@@ -35,8 +35,11 @@ Presets (`--config=configs/shakespeare_char.py:NAME`):
         minutes), then overfitted (1.575 at 4,000). See the README's results.
   hour_muon  the `hour` model with Muon (optim.optimizer="muon", Muon at 0.02 for the hidden
         kernels, AdamW at 2e-3 for the rest) for 6,500 steps (~27M characters): in 600-step
-        probes on the CPU Muon reached val 1.853 against Adam's 2.056 at 15% lower tokens/s
-        (Muon learning rate 0.01: worse; 0.05: 2.139). See the README's results.
+        probes on the CPU Muon reached val 1.853 against Adam's 2.056, its steps ~15% slower
+        (Muon learning rate 0.01: 1.941; 0.05: 2.139). Measured on the quiet 2-core CPU on a
+        fast day of the host (jnp.dot ceiling 460-496 GFLOP/s): 47 min 41 s for the training
+        command, val loss 1.720, 1.588, 1.544, 1.514, 1.498, 1.492 at steps 1,000-6,000 and
+        1.491 at the end (the `hour` preset with Adam: 1.523). See the README's results.
   gpu   nanoGPT's GPU setting (6 layers, 6 heads, width 384, context 256, dropout 0.2 on the
         residual branches, the embeddings and the attention probabilities, no biases in the
         linear layers, 5,000 steps of 64 windows, AdamW (0.9, 0.99) with weight decay 0.1 on
