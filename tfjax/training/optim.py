@@ -56,7 +56,8 @@ class OptimConfig:
             other parameter (embeddings, output and head layers, biases, norm scales).
         learning_rate: for the "paper" schedule the `scale` multiplier; otherwise the peak LR.
             With "muon", that of the AdamW part.
-        muon_learning_rate: with "muon", the Muon part's `learning_rate` (same schedule).
+        muon_learning_rate: with "muon", the Muon part's `learning_rate`, on the same schedule
+            (under "paper" a scale too: scale · d_model^-0.5 · warmup^-0.5 is Muon's peak).
         muon_momentum: with "muon", the Muon part's (Nesterov) momentum; b1 is AdamW's.
         schedule: "paper", "rsqrt", "cosine" or "constant" (linear warmup, then constant).
         warmup_steps: linear warmup length in applied updates; > 0 for "paper" and "rsqrt".
