@@ -54,12 +54,13 @@ class MatrixAxes(NamedTuple):
     fan_in: tuple[int, ...]
 
 
-def _name(key) -> str | None:
-    return getattr(key, "key", getattr(key, "name", None))
+def path_names(path) -> list[str | None]:
+    """The names along a pytree key path (dict keys, attribute names; None for indices)."""
+    return [getattr(k, "key", getattr(k, "name", None)) for k in path]
 
 
 def _axes(path, leaf) -> MatrixAxes | None:
-    names = [_name(k) for k in path]
+    names = path_names(path)
     if len(names) < 3 or names[-1] != "kernel":
         return None
     module, parent = names[-2], names[-3]

@@ -63,7 +63,7 @@ class OptimConfig:
         warmup_steps: linear warmup length in applied updates; > 0 for "paper" and "rsqrt".
         b1, b2, eps: Adam hyperparameters (defaults from Vaswani et al. 2017 §5.3).
         weight_decay: decoupled weight decay; with "adamw" and "muon" (both parts), not "adam".
-        weight_decay_params: which parameters "adamw" decays: "all", or "matrices" (every
+        weight_decay_params: which parameters "adamw" / "muon" decay: "all", or "matrices" (every
             parameter but biases and normalisation scales: GPT-2 / nanoGPT's rule of decaying
             the >= 2-D tensors, by leaf name so that scanned stacks' 2-D biases stay undecayed).
         grad_clip_norm: clip gradients to this global norm; 0 turns clipping off.
@@ -144,12 +144,9 @@ def _check_weight_decay(optimizer: str, weight_decay: float) -> None:
 def decay_mask(params):
     """`weight_decay_params="matrices"`: True for every leaf but biases and norm scales."""
 
-    def decayed(path, leaf):
-        del leaf
-        last = path[-1]
-        return getattr(last, "key", getattr(last, "name", None)) not in _UNDECAYED_NAMES
-
-    return jax.tree_util.tree_map_with_path(decayed, params)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: muon.path_names(path)[-1] not in _UNDECAYED_NAMES, params
+    )
 
 
 def _step(count: jax.Array | int) -> jax.Array:
@@ -304,7 +301,7 @@ def make_optimizer(
     schedule = make_schedule(config, d_model)
     clip = config.grad_clip_norm if config.grad_clip_norm > 0 else None
     hyper = {"b1": config.b1, "b2": config.b2, "eps": config.eps}
-    decays = config.optimizer == "adamw" or (config.optimizer == "muon" and config.weight_decay)
+    decays = config.optimizer == "adamw" or (config.optimizer == "muon" and config.weight_decay > 0)
     hyper["weight_decay"] = config.weight_decay if decays else None
     hyper["decay_mask"] = decay_mask if config.weight_decay_params == "matrices" else None
     if config.optimizer == "muon":
@@ -334,6 +331,7 @@ def _chain(
     else:
         adam = optax.adam(**adam_args)
     if hyper.get("muon") is not None:
+        # In the chain with weight 0 too: Muon checkpoints hold this chain's state structure.
         matrices = optax.chain(
             muon.scale_by_muon(hyper["muon"]["momentum"]),
             optax.add_decayed_weights(hyper["weight_decay"] or 0.0),
