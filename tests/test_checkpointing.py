@@ -1,5 +1,6 @@
 """tfjax.training.checkpointing: exact round trips, retention, damage fallback, device counts."""
 
+import asyncio
 import gc
 import logging
 import pathlib
@@ -177,15 +178,18 @@ def test_damaged_latest_falls_back_to_previous_step(tmp_path, caplog, damage):
     assert files(tmp_path) == before  # restoring never deletes or rewrites
 
 
-def test_bit_flip_is_caught_by_checksums(tmp_path, caplog):
-    with checkpointing.Checkpointer(tmp_path) as checkpointer:
+def restore_after_damaging_step_2(directory, damage):
+    """Saves steps 1 and 2 under `directory`, damages step 2 and restores the newest good one."""
+    with checkpointing.Checkpointer(directory) as checkpointer:
         save(checkpointer, 1)
         save(checkpointer, 2)
-    flip_bit(tmp_path / "2")
+    damage(directory / "2")
+    return checkpointing.Checkpointer(directory).restore(jax.eval_shape(lambda: make_state(0)))
+
+
+def test_bit_flip_is_caught_by_checksums(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="tfjax.training.checkpointing"):
-        restored = checkpointing.Checkpointer(tmp_path).restore(
-            jax.eval_shape(lambda: make_state(0))
-        )
+        restored = restore_after_damaging_step_2(tmp_path, flip_bit)
     assert restored.step == 1
     assert "checksum mismatch in state.params['dense']['kernel']" in caplog.text
 
@@ -213,6 +217,29 @@ def test_all_damaged_raises_naming_each_step(tmp_path):
     with pytest.raises(checkpointing.CheckpointRestoreError, match=r"(?s)step 2: .*step 1: "):
         checkpointer.restore(jax.eval_shape(lambda: make_state(0)))
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["1", "2"]
+
+
+def _unretrieved_future_failing_with(message):
+    loop = asyncio.new_event_loop()
+    future = loop.create_future()
+    future.set_exception(ValueError(message))
+    loop.close()
+    del future
+    gc.collect()  # asyncio logs the never-retrieved exception when the future is collected
+
+
+def test_unretrieved_reads_of_a_damaged_step_are_not_logged(tmp_path, caplog):
+    # Orbax reads arrays concurrently; after the first failed read the other reads' failures
+    # are never awaited, and asyncio logged each with a traceback after the run's one-line error.
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        assert restore_after_damaging_step_2(tmp_path, truncate_data).step == 1
+        caplog.clear()
+        _unretrieved_future_failing_with(f"DATA_LOSS reading {tmp_path / '2'}/state/d/abc")
+        assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
+        _unretrieved_future_failing_with(f"DATA_LOSS reading {tmp_path / '1'}/state/d/abc")
+        _unretrieved_future_failing_with(f"DATA_LOSS reading {tmp_path / '20'}/state/d/abc")
+    logged = [r for r in caplog.records if r.name == "asyncio"]
+    assert len(logged) == 2 and all("never retrieved" in r.getMessage() for r in logged)
 
 
 def test_empty_directory_restores_none(tmp_path):

@@ -9,6 +9,7 @@ hides them and may later save over their numbers, after `make_room` has renamed 
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -22,6 +23,30 @@ from tfjax import errors
 from tfjax.training.checkpointing import checksums, layout
 
 log = logging.getLogger(__name__)
+
+
+class _QuietDamagedReads(logging.Filter):
+    """Drops asyncio's "exception was never retrieved" records about reads of damaged steps.
+
+    Orbax reads a checkpoint's arrays concurrently; when one read fails, the failures of the
+    others are never awaited, and asyncio logs each (with a traceback) when its future is
+    collected, often at interpreter exit, after the run's own one-line error. The failure is
+    already reported by `restore_first_good`, so records naming a step directory found damaged
+    here are dropped; every other asyncio record passes.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.paths: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "never retrieved" not in record.getMessage():
+            return True
+        text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
+        return not any(path in text for path in self.paths)
+
+
+_quiet_damaged_reads = _QuietDamagedReads()
 
 
 @dataclasses.dataclass
@@ -141,6 +166,10 @@ def restore_first_good(
         except Exception as e:  # orbax and tensorstore raise many types; any means unusable
             failures.append(f"step {candidate}: {_first_line(e)}")
             damaged.add(candidate)
+            _quiet_damaged_reads.paths.add(os.path.join(str(directory), str(candidate), ""))
+            asyncio_log = logging.getLogger("asyncio")
+            if _quiet_damaged_reads not in asyncio_log.filters:
+                asyncio_log.addFilter(_quiet_damaged_reads)
             if fallback:
                 log.warning(
                     "%s: damaged checkpoint %s; trying the previous one", directory, failures[-1]
