@@ -122,6 +122,20 @@ def test_load_errors_name_the_fix(trained, tmp_path):
         workdir.load(trained("seq2seq_word"), average_last=0)
 
 
+def test_load_reports_a_missing_data_directory_as_such(trained, tmp_path, monkeypatch):
+    """Building the run can fail on missing data before any checkpoint is read: that error
+    must reach the user unchanged, not as "holds no checkpoint" (whose fix is wrong)."""
+    from tfjax.data import sources
+    from tfjax.runs import build
+
+    def build_without_data(config, path):
+        sources.data_dir(str(tmp_path / "missing"))  # raises, as for an unset TFJAX_DATA_DIR
+
+    monkeypatch.setattr(build, "build", build_without_data)
+    with pytest.raises(FileNotFoundError, match=r"data directory .*missing.* does not exist"):
+        workdir.load(trained("seq2seq_word"))
+
+
 # ---------------------------------------------------------------------------------------------
 # Translator
 

@@ -373,6 +373,10 @@ def make_greedy(model, max_length: int, eos_id: int = tokenizers.EOS_ID):
     return jax.jit(greedy)
 
 
+class NoCheckpointError(FileNotFoundError):
+    """`restore` found no checkpoint in the workdir (other missing files raise their own errors)."""
+
+
 def restore(
     config: ml_collections.ConfigDict,
     workdir: str | pathlib.Path,
@@ -387,7 +391,8 @@ def restore(
     local device, whatever `parallel` settings trained it (8-way FSDP restores on 1 device).
 
     Raises:
-      FileNotFoundError: if `workdir` has no checkpoint.
+      NoCheckpointError: if `workdir` has no checkpoint (a `FileNotFoundError`).
+      FileNotFoundError: for a missing data file or directory that building the run reads.
       ValueError: for `average_last` with a `step`, or more checkpoints than are saved.
     """
     workdir = pathlib.Path(workdir)
@@ -406,7 +411,7 @@ def restore(
         else:
             restored = checkpointer.restore(run.abstract_state, step=step, convert=convert)
     if restored is None:
-        raise FileNotFoundError(
+        raise NoCheckpointError(
             f"no checkpoint in {workdir / 'checkpoints'}: train first with "
             f"python -m experiments.train --workdir={workdir}"
         )

@@ -452,6 +452,8 @@ def load(
     Raises:
         WorkdirError: for a missing config or checkpoint, a model of another kind, an unknown
             split, or averaging that cannot be done.
+        FileNotFoundError: for a missing data directory or file that the run reads (its
+            message names the fix; not reported as a missing checkpoint).
     """
     workdir = pathlib.Path(workdir)
     if average_last < 1:
@@ -462,7 +464,7 @@ def load(
         run, restored = build.restore(config, workdir, step, average_last=average_last)
     except ValueError as err:
         raise WorkdirError(str(err)) from err
-    except FileNotFoundError as err:
+    except build.NoCheckpointError as err:  # a missing data directory is its own error
         raise WorkdirError(
             f"{workdir / 'checkpoints'} holds no checkpoint: "
             + _train_hint(workdir, config.model.kind)
