@@ -47,7 +47,8 @@ Presets (`--config=configs/shakespeare_char.py:NAME`):
         the matrices only, gradients clipped at norm 1, warmup 100 and cosine decay from 1e-3
         to 1e-4, bfloat16 compute); nanoGPT's best val loss is 1.4697. Until 2026-11-27 the
         preset lacked the attention dropout, the decay, the clipping and the floor, and
-        overfitted on an H100 (val 1.652, training loss 0.96; see the README).
+        overfitted on an H100 (val 1.652, training loss 0.96; see the README). With the whole
+        recipe, on an H200: 4 min 22 s, best val 1.4925 at step 2,750, 1.559 at the end.
   tiny  seconds, for the tests.
 """
 
