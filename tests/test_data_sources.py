@@ -190,6 +190,20 @@ def test_train_windows_are_full_and_strided():
     assert all(np.array_equal(np.diff(w["targets"]), np.ones(5)) for w in sampled)
 
 
+def test_train_windows_are_read_only_views_of_a_private_copy():
+    ids = np.arange(20, dtype=np.int32)
+    windows = datasets.text_windows(ids, 6, 1, full=True)  # nanoGPT's: a window at every token
+    assert len(windows) == 15
+    assert np.shares_memory(windows[0]["targets"], windows[1]["targets"])  # views, not copies
+    ids[:] = 0  # the caller's array is not the windows' memory
+    assert windows[3]["targets"].tolist() == [3, 4, 5, 6, 7, 8]
+    assert windows[3]["targets_weights"].tolist() == [0, 1, 1, 1, 1, 1]
+    assert windows[3]["targets_segment_ids"].tolist() == [1] * 6
+    for key in ("targets", "targets_segment_ids", "targets_weights"):
+        with pytest.raises(ValueError, match="read-only"):
+            windows[0][key][1] = 7  # shared by every window: a write would change them all
+
+
 # --- datasets.load on files, corpora and hub ----------------------------------------------------
 
 

@@ -278,18 +278,36 @@ def text_windows(ids: np.ndarray, length: int, stride: int, *, full: bool) -> li
     The first token of each window is context only (`targets_weights` 0), so with
     `stride = length - 1` every token after the first is predicted exactly once. `full=False`
     keeps a last, shorter window (padded) so that evaluation covers the whole stream.
+
+    Full windows are read-only views: their targets into one copy of `ids`, their segment ids
+    and weights one shared array each, so that windows at every token (`stride=1`, nanoGPT's
+    random offsets) cost a few hundred bytes each rather than three copies of the window.
     """
     if length < 2:
         raise errors.ConfigError(f"LM windows need max_target_len >= 2, got {length}")
+    stream = np.array(ids, dtype=np.int32)  # a private copy: the views must not change
+    stream.flags.writeable = False
+    segment_ids = np.ones(length, np.int32)
+    weights = segment_ids.copy()
+    weights[0] = 0
+    segment_ids.flags.writeable = weights.flags.writeable = False
+    shared = {"targets_segment_ids": segment_ids, "targets_weights": weights}
     examples = []
-    last = len(ids) - length if full else len(ids) - 2
+    last = len(stream) - length if full else len(stream) - 2
     for start in range(0, last + 1, stride):
-        window = ids[start : start + length]
-        targets, segment_ids = pipeline.pad_ids(window, length)
-        weights = segment_ids.copy()
-        weights[0] = 0
+        window = stream[start : start + length]
+        if len(window) == length:
+            examples.append({"targets": window, **shared})
+            continue
+        targets, window_segments = pipeline.pad_ids(window, length)
+        window_weights = window_segments.copy()
+        window_weights[0] = 0
         examples.append(
-            {"targets": targets, "targets_segment_ids": segment_ids, "targets_weights": weights}
+            {
+                "targets": targets,
+                "targets_segment_ids": window_segments,
+                "targets_weights": window_weights,
+            }
         )
     return examples
 
