@@ -130,7 +130,7 @@ PRESETS["hour_long"] = {
 
 # `hour_long` with rotary positions in the self-attentions (no sinusoids) and a SwiGLU
 # feed-forward of the ReLU layer's parameter count (3 x 128 x 344 against 2 x 128 x 512), for
-# the 5,000 steps that fit the hour with the rotations' cost.
+# the 5,000 steps that fit the hour at its slower pace.
 PRESETS["hour_rope_swiglu"] = {
     **PRESETS["hour_long"],
     "model.positional": "rotary",
