@@ -68,6 +68,35 @@ def test_every_shipped_config_passes_the_run_check(spec):
     build.check_config(config_utils.load_config(spec, []))  # model.vocab_size 0: from the data
 
 
+def _param_counts(spec: str) -> dict[str, int]:
+    """Parameters of the preset's model (vocabulary 100) by top-level kind: mlp, pos, other."""
+    config = config_utils.load_config(spec, [])
+    cfg = models.ModelConfig(**{**config.model.to_dict(), "vocab_size": 100})
+    tokens = jax.ShapeDtypeStruct((1, 8), np.int32)
+    args = (tokens,) if cfg.kind == "decoder_only" else (tokens, tokens)
+    params = jax.eval_shape(models.create_model(cfg).init, jax.random.key(0), *args)["params"]
+    counts = {"mlp": 0, "pos": 0, "other": 0}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        names = "/".join(str(getattr(k, "key", k)) for k in path)
+        kind = "mlp" if "/mlp/" in names else "pos" if "pos_embedding" in names else "other"
+        counts[kind] += leaf.size
+    return counts
+
+
+@pytest.mark.parametrize(
+    "base, rope",
+    [
+        ("configs/shakespeare_char.py:hour_muon", "configs/shakespeare_char.py:hour_rope_swiglu"),
+        ("configs/multi30k.py:hour_long", "configs/multi30k.py:hour_rope_swiglu"),
+    ],
+)
+def test_rope_swiglu_presets_keep_the_feed_forward_budget_and_drop_position_tables(base, rope):
+    before, after = _param_counts(base), _param_counts(rope)
+    assert after["mlp"] == pytest.approx(before["mlp"], rel=0.01)  # SwiGLU at GELU/ReLU's size
+    assert after["pos"] == 0  # rotary: no learned table
+    assert after["other"] == before["other"]  # attention, norms, embeddings unchanged
+
+
 def test_the_run_check_refuses_a_vocabulary_of_one():
     config = config_utils.load_config("configs/base.py:tiny", ["model.vocab_size=1"])
     with pytest.raises(errors.ConfigError, match="vocab_size must be >= 2"):

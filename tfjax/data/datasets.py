@@ -286,29 +286,23 @@ def text_windows(ids: np.ndarray, length: int, stride: int, *, full: bool) -> li
     if length < 2:
         raise errors.ConfigError(f"LM windows need max_target_len >= 2, got {length}")
     stream = np.array(ids, dtype=np.int32)  # a private copy: the views must not change
-    stream.flags.writeable = False
-    segment_ids = np.ones(length, np.int32)
-    weights = segment_ids.copy()
-    weights[0] = 0
-    segment_ids.flags.writeable = weights.flags.writeable = False
-    shared = {"targets_segment_ids": segment_ids, "targets_weights": weights}
+
+    def example(window: np.ndarray) -> dict[str, np.ndarray]:
+        targets, segment_ids = pipeline.pad_ids(window, length)
+        weights = segment_ids.copy()
+        weights[0] = 0  # the first token is context only
+        return {"targets": targets, "targets_segment_ids": segment_ids, "targets_weights": weights}
+
+    shared = example(stream[:length])  # the segment ids and weights of every full window
+    del shared["targets"]
+    for array in (stream, *shared.values()):
+        array.flags.writeable = False
     examples = []
     last = len(stream) - length if full else len(stream) - 2
     for start in range(0, last + 1, stride):
         window = stream[start : start + length]
-        if len(window) == length:
-            examples.append({"targets": window, **shared})
-            continue
-        targets, window_segments = pipeline.pad_ids(window, length)
-        window_weights = window_segments.copy()
-        window_weights[0] = 0
-        examples.append(
-            {
-                "targets": targets,
-                "targets_segment_ids": window_segments,
-                "targets_weights": window_weights,
-            }
-        )
+        full_window = len(window) == length
+        examples.append({**shared, "targets": window} if full_window else example(window))
     return examples
 
 
