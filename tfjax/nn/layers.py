@@ -200,30 +200,9 @@ class Embed(nn.Module):
         return tied_logits(x, jnp.asarray(self.embedding, self.dtype))
 
 
-@jax.custom_jvp
 def tied_logits(x: Float[Array, "B L E"], embedding: Float[Array, "V E"]) -> Float[Array, "B L V"]:
-    """x · embedding^T, whose embedding gradient is computed as (x^T · dlogits)^T.
-
-    Autodiff writes dembedding = dlogits^T · x, and XLA's CPU backend then transposes the whole
-    [B * L, V] logit gradient before the matmul; transposing the [E, V] product instead moves
-    E / (B * L) as much memory. Values and gradients are those of the einsum. It is a
-    custom_jvp (forward mode works): the tangent multiplies by dembedding^T, so that JAX's
-    transpose of it computes the [E, V] product and then transposes it.
-    """
+    """x · embedding^T: the output projection that shares the embedding table."""
     return jnp.einsum("BLE,VE->BLV", x, embedding)
-
-
-@tied_logits.defjvp
-def _tied_logits_jvp(primals, tangents):
-    x, embedding = primals
-    dx, dembedding = tangents
-    tangent = jnp.einsum("BLE,VE->BLV", dx, embedding)  # transposes to dlogits · embedding
-    # Transposes to (x^T · dlogits)^T: JAX's transpose of the einsum is a [V, E] product whose
-    # transpose XLA folds into the [E, V] product x^T · dlogits; the barrier keeps that [E, V]
-    # product (and its final transpose) from being folded back into dlogits^T · x.
-    dembedding_t = jax.lax.optimization_barrier(dembedding.T)  # [E, V]
-    tangent = tangent + jnp.einsum("BLE,VE->BLV", x, dembedding_t.T)
-    return tied_logits(x, embedding), tangent
 
 
 class Dropout(nn.Module):

@@ -1,77 +1,26 @@
-"""The matmul behind every dense layer, with a backward pass laid out for XLA's CPU backend.
+"""The matmul behind every dense layer: one 2-D product, whatever the layer's axes.
 
 `dense_dot_general` is a drop-in `dot_general` for `flax.linen.Dense` / `DenseGeneral`
 (`dot_general=` attribute). For the dense case (contract the last axes of x with the first axes
-of the kernel, no batch axes) it computes x [M, I] · W [I, O] with a hand-written backward:
+of the kernel, no batch axes) it flattens x to [M, I] and the kernel to [I, O], multiplies, and
+reshapes the [M, O] product back; its gradient is autodiff's. Any other contraction, and any
+call with an explicit `precision` or `preferred_element_type`, goes to `lax.dot_general`.
 
-    dx = dy · (W^T)
-    dW = (x^T) · dy          when I <= O
-    dW = ((dy^T) · x)^T      when I > O
-
-where every transposed operand and the [O, I] product are materialised first
-(`lax.optimization_barrier`), so that each product is a plain row-major matmul for XLA's fast
-CPU kernels and each transpose is a copy of the smaller of the two [M, *] operands. Autodiff
-gives the same products, but XLA's CPU backend then transposes dy itself inside fusions that
-recompute dy's producers (layer-norm backward, dropout), and runs dx as a slower
-transposed-operand matmul. For the feed-forward output layer (I = 4 O) transposing x costs 12
-ms a layer on the benchmark host (x^T is [1024, 2048]); dy^T is a quarter of that. If XLA is
-left to fold the final transpose into the matmul it picks a slow transposed-operand kernel.
-
-Measured on the benchmark train step (`experiments.bench` shape), in-process paired A/B:
-autodiff -> x^T always: step-time ratio 1.11 (12 pairs, 1.03-1.22) on a 2-core AVX2 host;
-x^T always -> smaller transpose: 1.044 and 1.042 (2 x 16 pairs) on a 2-core AMD EPYC host.
-Any other contraction goes to `lax.dot_general`.
-
-The layout above is for XLA's CPU backend only (`lax.platform_dependent`, resolved when the
-step is lowered): on GPU and TPU the backward is autodiff's `dy · W^T` and `x^T · dy`, because
-their matmul libraries read transposed operands in place, and a materialised transpose would only
-add a pass over memory (and the barriers would keep XLA from fusing around the products).
+Why: XLA's CPU backend runs the flattened product (and its two backward products) faster than
+the same contraction left with its [B, L, ...] axes: on the benchmark train step
+(`experiments.bench --peer=flax`, 2-core AMD EPYC, jax 0.10.2, 2026-11-27) tfjax ran at
+1.06-1.09x the model built from Flax's stock `nn.Dense` / `nn.DenseGeneral` with this, and
+at 0.97x with Flax's own dot_general in every dense layer. Until 2026-11-27 the flattened
+product had a hand-written backward with materialised transposes (`optimization_barrier`) for
+this backend; autodiff's products measured 1.02-1.03x that in one-process A/B runs and compile
+with fewer kernels, so the hand-written backward was removed (README, Speed). GPU and TPU get
+the same flattened product; their matmul libraries take either form.
 """
 
 import math
 
 import jax
-from jaxtyping import Array, Float
-
-
-@jax.custom_jvp
-def matmul(x: Float[Array, "M I"], w: Float[Array, "I O"]) -> Float[Array, "M O"]:
-    """x · w with the backward pass of the module docstring; forward mode works too."""
-    return x @ w
-
-
-# `matmul` is a custom_jvp, not a custom_vjp, so that forward mode (`jax.jvp`, `jax.jacfwd`,
-# `jax.hessian`, Hessian-vector products) works. Its tangent map is written with the
-# materialised transposes of the backward pass above, arranged so that JAX's own transpose of
-# that linear map is exactly that backward: the transpose of `dx · (W^T)^T` is `dy · W^T`, and
-# `optimization_barrier` and `.T` transpose to themselves. The compiled train step is the same
-# program as with the former hand-written custom_vjp (tests/test_linear.py compares them).
-
-
-def _tangent_cpu(x, w, dx, dw):
-    """d(x · w) for XLA:CPU, laid out so that its transpose is the module docstring's backward."""
-    contract_last = (((1,), (1,)), ((), ()))
-    w_t = jax.lax.optimization_barrier(w.T)  # [O, I], materialised
-    out = jax.lax.dot_general(dx, w_t, contract_last)  # dx · w; transposes to dy · w_t
-    if x.shape[1] > w.shape[1]:  # I > O: the backward transposes dy [M, O], the smaller operand
-        dw_t = jax.lax.optimization_barrier(dw.T)  # [O, I]
-        product = jax.lax.dot_general(dw_t, x, contract_last)  # [O, M]; transposes to dy_t · x
-        return out + jax.lax.optimization_barrier(product).T
-    x_t = jax.lax.optimization_barrier(x.T)  # [I, M], materialised
-    return out + jax.lax.dot_general(x_t, dw, (((0,), (0,)), ((), ())))  # transposes to x_t · dy
-
-
-def _tangent_default(x, w, dx, dw):
-    """Autodiff's products: GPU and TPU matmuls read transposed operands at no cost."""
-    return dx @ w + x @ dw
-
-
-@matmul.defjvp
-def _matmul_jvp(primals, tangents):
-    x, w = primals
-    dx, dw = tangents
-    tangent = jax.lax.platform_dependent(x, w, dx, dw, cpu=_tangent_cpu, default=_tangent_default)
-    return x @ w, tangent
+from jaxtyping import Array
 
 
 def _is_dense(lhs: Array, rhs: Array, dimension_numbers) -> bool:
@@ -89,7 +38,7 @@ def _is_dense(lhs: Array, rhs: Array, dimension_numbers) -> bool:
 
 
 def dense_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-    """`lax.dot_general` with `matmul`'s backward for dense layers (module docstring)."""
+    """`lax.dot_general`, computed as one [M, I] x [I, O] product for dense layers."""
     if precision is not None or preferred_element_type is not None:
         return jax.lax.dot_general(
             lhs, rhs, dimension_numbers, precision, preferred_element_type=preferred_element_type
@@ -99,5 +48,5 @@ def dense_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_ele
     n = len(dimension_numbers[0][0])
     batch_shape, out_shape = lhs.shape[: lhs.ndim - n], rhs.shape[n:]
     inner = math.prod(lhs.shape[lhs.ndim - n :])
-    out = matmul(lhs.reshape(-1, inner), rhs.reshape(inner, -1))  # [M, O]
+    out = lhs.reshape(-1, inner) @ rhs.reshape(inner, -1)  # [M, O]
     return out.reshape(*batch_shape, *out_shape)
