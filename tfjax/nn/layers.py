@@ -197,12 +197,7 @@ class Embed(nn.Module):
 
     def attend(self, x: Float[Array, "B L E"]) -> Float[Array, "B L V"]:
         """Tied pre-softmax projection: logits [B, L, V] = x · embedding^T."""
-        return tied_logits(x, jnp.asarray(self.embedding, self.dtype))
-
-
-def tied_logits(x: Float[Array, "B L E"], embedding: Float[Array, "V E"]) -> Float[Array, "B L V"]:
-    """x · embedding^T: the output projection that shares the embedding table."""
-    return jnp.einsum("BLE,VE->BLV", x, embedding)
+        return jnp.einsum("BLE,VE->BLV", x, jnp.asarray(self.embedding, self.dtype))
 
 
 class Dropout(nn.Module):
