@@ -97,6 +97,21 @@ def test_rope_swiglu_presets_keep_the_feed_forward_budget_and_drop_position_tabl
     assert after["other"] == before["other"]  # attention, norms, embeddings unchanged
 
 
+def test_shakespeare_ctx256_changes_only_the_context_at_the_same_characters_per_step():
+    base = config_utils.load_config("configs/shakespeare_char.py:hour_rope_swiglu", [])
+    long = config_utils.load_config("configs/shakespeare_char.py:hour_ctx256", [])
+    predicted = [  # a window of max_target_len characters scores max_target_len - 1 of them
+        c.train.global_batch_size * (c.data.max_target_len - 1) for c in (base, long)
+    ]
+    assert predicted == [4096, 4096] and long.data.max_target_len - 1 == 256  # nanoGPT's
+    assert long.model == base.model and long.optim == base.optim
+    changed = {"data.max_target_len", "train.global_batch_size", "train.num_train_steps"}
+    for section in ("data", "train"):
+        for key, value in base[section].items():
+            if f"{section}.{key}" not in changed:
+                assert long[section][key] == value, (section, key)
+
+
 def test_the_run_check_refuses_a_vocabulary_of_one():
     config = config_utils.load_config("configs/base.py:tiny", ["model.vocab_size=1"])
     with pytest.raises(errors.ConfigError, match="vocab_size must be >= 2"):
