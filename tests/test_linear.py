@@ -97,3 +97,24 @@ def test_hessian_vector_product_of_a_dense_model_equals_flax_default():
 
     for a, b in zip(jax.tree.leaves(hvp(ours)), jax.tree.leaves(hvp(plain)), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_tied_projection_equals_the_einsum_and_multiplies_2d_operands():
+    x = jax.random.normal(jax.random.key(11), (2, 5, 4))
+    table = jax.random.normal(jax.random.key(12), (7, 4))
+    weights = jax.random.normal(jax.random.key(13), (2, 5, 7))  # no symmetry in V to hide behind
+
+    def loss(project, x, table):
+        return jnp.sum(weights * jnp.sin(project(x, table)))
+
+    def reference(x, table):  # logits[b, l, v] = sum_e x[b, l, e] * table[v, e]
+        return jnp.einsum("ble,ve->blv", x, table)
+
+    got = jax.value_and_grad(loss, argnums=(1, 2))(linear.tied_projection, x, table)
+    want = jax.value_and_grad(loss, argnums=(1, 2))(reference, x, table)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert linear.tied_projection(x, table).shape == (2, 5, 7)
+    grad = jax.grad(lambda x, t: loss(linear.tied_projection, x, t), argnums=(0, 1))
+    ranks = _dot_operand_ranks(grad, x, table)
+    assert len(ranks) == 3 and all(r == (2, 2) for r in ranks), ranks

@@ -197,7 +197,7 @@ class Embed(nn.Module):
 
     def attend(self, x: Float[Array, "B L E"]) -> Float[Array, "B L V"]:
         """Tied pre-softmax projection: logits [B, L, V] = x · embedding^T."""
-        return jnp.einsum("BLE,VE->BLV", x, jnp.asarray(self.embedding, self.dtype))
+        return linear.tied_projection(x, jnp.asarray(self.embedding, self.dtype))
 
 
 class Dropout(nn.Module):
