@@ -20,6 +20,7 @@ from experiments import cli
 from experiments.bench import (
     decode,
     depth,
+    environment,
     flax_peer,
     mfu,
     residual,
@@ -313,6 +314,23 @@ def test_depth_bench_reports_compile_time_and_memory_per_configuration():
     assert result["shape"]["batch"] == 2 and len(result["load_average"]) == 3
     table = depth.markdown_table(result).splitlines()
     assert len(table) == 2 + len(rows) and table[2].startswith("| 1 | no | full |")
+
+
+def test_peak_rss_reads_vm_hwm_in_bytes_and_falls_back_without_proc(tmp_path):
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmPeak:\t 9999 kB\nVmHWM:\t    1234 kB\nVmRSS:\t 99 kB\n")
+    assert environment.peak_rss_bytes(status) == 1234 * 1024
+    assert environment.peak_rss_bytes(tmp_path / "absent") > 10 * 2**20  # ru_maxrss, in bytes
+
+
+def test_a_child_process_reports_its_own_peak_rss_not_its_parents():
+    # ru_maxrss would give the child this process's peak (vfork + exec carries it over), and
+    # peak_rss_alone's two sides would then read the same number whenever the parent is larger.
+    held = np.ones(2**30 // 8)  # 1 GiB, touched
+    code = "from experiments.bench import environment; print(environment.peak_rss_bytes())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    child = int(done.stdout.strip().splitlines()[-1])
+    assert environment.peak_rss_bytes() > 2**30 > 2 * child, (child, held.size)
 
 
 def test_rss_alone_refuses_an_unknown_side():

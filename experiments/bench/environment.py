@@ -1,6 +1,8 @@
 """What every benchmark line reports besides its figures: versions, device, allocator, memory."""
 
+import pathlib
 import resource
+import sys
 
 import flax
 import jax
@@ -21,9 +23,27 @@ def describe() -> dict:
     }
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident memory of this process so far (ru_maxrss is KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def peak_rss_bytes(status: str | pathlib.Path = "/proc/self/status") -> int:
+    """Peak resident memory of this process's own address space so far.
+
+    Linux: `VmHWM` of /proc/self/status. Not `ru_maxrss`: Linux carries a process's
+    high-water mark over into the program it execs, and Python's subprocess starts a child
+    with vfork + exec, so a child's ru_maxrss is at least its parent's peak (a child that
+    allocates 13 MB reports the 1.9 GB of the process that started it). Elsewhere (no such
+    file): ru_maxrss, which macOS gives in bytes and the BSDs in KiB.
+    """
+    try:
+        text = pathlib.Path(status).read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        if line.startswith("VmHWM:"):
+            value, unit = line.split()[1:3]
+            if unit != "kB":
+                raise ValueError(f"{status}: VmHWM in {unit!r}, expected kB: {line!r}")
+            return int(value) * 1024
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss if sys.platform == "darwin" else maxrss * 1024
 
 
 def device_peak_bytes() -> int | None:

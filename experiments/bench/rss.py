@@ -3,7 +3,9 @@
 Timed in one process, the two sides share one peak RSS (the train line's `peak_rss_bytes`). To
 compare the memory each would need alone, `peak_rss_alone` starts a fresh Python process per
 side that builds that side's train step at the benchmark shape, runs `steps` steps and reports
-its own peak RSS (ru_maxrss, which includes the interpreter, JAX and the compiled program), and
+its own peak RSS (`environment.peak_rss_bytes`: VmHWM, the high-water mark of the child's
+own address space, which includes the interpreter, JAX and the compiled program; not
+ru_maxrss, which a child started by vfork + exec inherits from this process), and
 the peak so far at three points (`phases`): the state built, the step compiled ahead of time
 (`lower().compile()`, XLA's compile-time memory), and the steps run. The
 child inherits the environment (`JAX_PLATFORMS`, XLA flags) and gets the parent's allocator
