@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from tfjax.nn import linear
+from tfjax.nn import linear, prng
 
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("post", "pre")
@@ -202,7 +202,8 @@ class Embed(nn.Module):
 
 class Dropout(nn.Module):
     """Flax's `nn.Dropout` (the same masks from the same keys: same name, same draws) whose
-    rate may also be a traced scalar: each trial of a vectorised sweep its own rate.
+    rate may also be a traced scalar: each trial of a vectorised sweep its own rate. The masks
+    come from `prng.bernoulli` (`jax.random.bernoulli`'s bits, unrolled into one kernel).
 
     Attributes:
       rate: the probability of zeroing an element, a Python float or a traced float32 scalar
@@ -219,7 +220,7 @@ class Dropout(nn.Module):
         if static and self.rate == 1.0:
             return jnp.zeros_like(inputs)
         keep_prob = 1.0 - self.rate
-        keep = jax.random.bernoulli(self.make_rng("dropout"), p=keep_prob, shape=inputs.shape)
+        keep = prng.bernoulli(self.make_rng("dropout"), keep_prob, inputs.shape)
         scaled = (inputs / keep_prob).astype(inputs.dtype)
         return jax.lax.select(keep, scaled, jnp.zeros_like(inputs))
 

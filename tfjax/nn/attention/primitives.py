@@ -13,9 +13,10 @@ Sources:
 
 import numbers
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
+
+from tfjax.nn import prng
 
 SCORES = ("scaled_dot", "dot", "general", "additive")
 
@@ -98,5 +99,5 @@ def probability_dropout(
     """Inverted dropout on attention probabilities of any layout: kept with 1 - rate, rescaled."""
     if rng is None:
         raise ValueError("dropout_rng is required when dropout_rate > 0 and not deterministic")
-    keep = jax.random.bernoulli(rng, 1.0 - rate, probs.shape)
+    keep = prng.bernoulli(rng, 1.0 - rate, probs.shape)
     return jnp.where(keep, probs / (1.0 - rate), 0.0)
