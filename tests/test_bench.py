@@ -350,6 +350,27 @@ def test_rss_child_trains_its_side_alone_with_the_parents_allocator(side, tune):
     assert 100 * 2**20 < line["peak_rss_bytes"] < 16 * 2**30  # bytes, not KiB or pages
     phases = line["phases"]
     assert phases["built"] <= phases["compiled"] <= phases["trained"] == line["peak_rss_bytes"]
+    assert 0 < line["lower_seconds"] < 120 and 0 < line["compile_seconds"] < 120
+
+
+def test_alone_runs_alternate_the_sides_and_report_every_process(monkeypatch):
+    calls = []
+
+    def fake_alone(side, *, batch, tune_malloc, dtype):
+        calls.append(side)
+        n = len(
+            calls
+        )  # literal figures: process n peaks at n GiB, lowers in n/10 s, compiles in n s
+        return {"peak_rss_bytes": n * 2**30, "lower_seconds": n / 10, "compile_seconds": float(n)}
+
+    monkeypatch.setattr(rss, "alone", fake_alone)
+    out = train.alone_runs(batch=2, tune_malloc=True, dtype="float32", runs=3)
+    assert calls == ["tfjax", "flax", "flax", "tfjax", "tfjax", "flax"]
+    assert out["tfjax"]["peak_rss_bytes"] == [2**30, 4 * 2**30, 5 * 2**30]
+    assert out["flax"]["peak_rss_median"] == 3 * 2**30
+    assert out["tfjax"]["lower_compile_seconds"] == pytest.approx([1.1, 4.4, 5.5])
+    assert out["flax"]["lower_compile_median"] == pytest.approx(3.3)
+    assert out["compile_ratio"] == pytest.approx(3.3 / 4.4)
 
 
 def test_modes_split_bimodal_timings_at_the_largest_jump():

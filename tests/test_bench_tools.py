@@ -71,6 +71,7 @@ def test_summarize_falls_back_to_the_xla_ops_line_and_to_cpu_operations():
     [
         ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop", "attention"),
         ("gemm_fusion_dot_general_204", "matmul"),
+        ("ynn_fusion", "matmul"),  # XLA:CPU's dot fusions run by YNNPACK
         ("input_add_reduce_fusion_2", "reduction"),
         ("loop_slice_fusion", "copy"),
         ("loop_add_compare_fusion_1", "elementwise"),

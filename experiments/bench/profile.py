@@ -4,7 +4,9 @@ Reads the Perfetto trace that `jax.profiler.trace(DIR, create_perfetto_trace=Tru
 bench's `--trace_dir`) and prints, per step: the span from the first kernel's start to the last
 kernel's end, the time some kernel was running (the union of the kernels' intervals) and the
 gaps (span - busy), the kernel time by category (matmul, attention, reduction, copy,
-elementwise) and the kernels that took longest, with their counts.
+elementwise), summed and as wall time (the union of the category's intervals: kernels of one
+category may run side by side, on a CPU on the XLA thread pool's threads) and the kernels
+that took longest, with their counts.
 
 Kernels are the complete ("X") events on the device's stream lines (a process named
 "/device:GPU:N" or "/device:TPU:N": its "Stream ..." threads, else its "XLA Ops" line); on a
@@ -24,7 +26,7 @@ import sys
 # Category of a kernel, from the first pattern its (lower-case) name matches.
 CATEGORIES = (
     ("attention", re.compile(r"cudnn|fmha|flash|attention")),
-    ("matmul", re.compile(r"gemm|cutlass|nvjet|xmma|cublas|matmul|\bdot|convolution")),
+    ("matmul", re.compile(r"gemm|cutlass|nvjet|xmma|cublas|matmul|\bdot|convolution|ynn")),
     ("reduction", re.compile(r"reduc|softmax|norm")),
     ("copy", re.compile(r"copy|transpose|memcpy|memset|concatenate|slice|gather|scatter")),
     ("elementwise", re.compile(r"fusion|loop_|elementwise|convert|add|multiply")),
@@ -114,6 +116,11 @@ def summarize(events: list[dict], steps: int, top: int = 25) -> dict:
         "gaps_ms": (span - busy) * ms,
         "kernel_ms": sum(e["dur"] for e in kernels) * ms,
         "by_category_ms": {k: v * ms for k, v in sorted(by_category.items(), key=lambda x: -x[1])},
+        "busy_by_category_ms": {
+            k: _busy([(e["ts"], e["ts"] + e["dur"]) for e in kernels if category(e["name"]) == k])
+            * ms
+            for k in sorted(by_category, key=lambda k: -by_category[k])
+        },
         "top": [
             {"name": name, "ms": total * ms, "calls": count / steps, "category": category(name)}
             for name, (total, count) in ranked
@@ -127,6 +134,8 @@ def format_summary(s: dict) -> str:
         f"{s['busy_ms']:.2f} ms, gaps {s['gaps_ms']:.2f} ms, "
         f"{s['kernels_per_step']:.0f} kernels ({s['kernel_ms']:.2f} ms summed)",
         "by category: " + ", ".join(f"{k} {v:.2f} ms" for k, v in s["by_category_ms"].items()),
+        "wall time some kernel of the category ran: "
+        + ", ".join(f"{k} {v:.2f} ms" for k, v in s["busy_by_category_ms"].items()),
     ]
     for row in s["top"]:
         lines.append(

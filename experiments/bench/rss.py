@@ -7,7 +7,10 @@ its own peak RSS (`environment.peak_rss_bytes`: VmHWM, the high-water mark of th
 own address space, which includes the interpreter, JAX and the compiled program; not
 ru_maxrss, which a child started by vfork + exec inherits from this process), and
 the peak so far at three points (`phases`): the state built, the step compiled ahead of time
-(`lower().compile()`, XLA's compile-time memory), and the steps run. The
+(`lower().compile()`, XLA's compile-time memory), and the steps run; and the seconds that
+lowering and compiling took (a compile time measured in a process of its own, the same way
+for both sides, where the train line's `compile_seconds` is a first call's excess over a
+step, after the other side compiled in the same process). The
 child inherits the environment (`JAX_PLATFORMS`, XLA flags) and gets the parent's allocator
 state: glibc malloc is tuned in the child exactly when it is in the parent.
 
@@ -17,14 +20,19 @@ state: glibc malloc is tuned in the child exactly when it is in the parent.
 import json
 import subprocess
 import sys
+import time
 
 SIDES = ("tfjax", "flax")
 
 
-def peak_rss_alone(
+def alone(
     side: str, *, batch: int, steps: int = 3, tune_malloc: bool, dtype: str = "float32"
-) -> int:
-    """Peak RSS in bytes of a fresh process training `side` on `batch` rows for `steps` steps.
+) -> dict:
+    """The line of a fresh process training `side` on `batch` rows for `steps` steps.
+
+    Returns its JSON line: `peak_rss_bytes`, `phases` (peak RSS so far after building,
+    compiling and training), `lower_seconds` and `compile_seconds` (the step traced and
+    lowered, then compiled by XLA, ahead of time: the child's first compilation of it).
 
     Raises:
         ValueError: for an unknown side.
@@ -38,7 +46,15 @@ def peak_rss_alone(
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"the {side} memory child failed (exit {done.returncode}): {last}")
-    return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_bytes"])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def peak_rss_alone(
+    side: str, *, batch: int, steps: int = 3, tune_malloc: bool, dtype: str = "float32"
+) -> int:
+    """Peak RSS in bytes of a fresh process training `side` (`alone`'s `peak_rss_bytes`)."""
+    line = alone(side, batch=batch, steps=steps, tune_malloc=tune_malloc, dtype=dtype)
+    return int(line["peak_rss_bytes"])
 
 
 def _child(side: str, batch: int, steps: int, tune_malloc: bool, dtype: str) -> None:
@@ -57,12 +73,19 @@ def _child(side: str, batch: int, steps: int, tune_malloc: bool, dtype: str) -> 
     else:
         run = flax_peer.make_train_step(shape, data, dtype=dtype)
     phases = {"built": environment.peak_rss_bytes()}
-    run.lower().compile()  # the program the first call compiles: XLA's compile-time memory
+    start = time.perf_counter()
+    lowered = run.lower()
+    lowered_at = time.perf_counter()
+    lowered.compile()  # the program the first call compiles: XLA's compile-time memory
+    seconds = {
+        "lower_seconds": lowered_at - start,
+        "compile_seconds": time.perf_counter() - lowered_at,
+    }
     phases["compiled"] = environment.peak_rss_bytes()
     for _ in range(steps):
         jax.block_until_ready(run())
     phases["trained"] = rss = environment.peak_rss_bytes()
-    line = {"side": side, "peak_rss_bytes": rss, "phases": phases}
+    line = {"side": side, "peak_rss_bytes": rss, "phases": phases, **seconds}
     print(json.dumps({**line, "host_malloc": runtime.malloc_description()}))
 
 

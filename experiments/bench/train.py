@@ -7,7 +7,9 @@ matmul ceiling (`mfu`) and against the device's datasheet peak (`mfu_vs_peak`; s
 With `peer="flax"`, the same model built from Flax's stock layers (`flax_peer.py`) runs in the
 same process, jitted, with the same dropout; its first call (compilation) is timed on its own
 before the pairs and reported as `peer.compile_seconds`; on the CPU at the base shape,
-`peak_rss_alone` gives each side's peak RSS in a fresh process of its own (`rss.py`). With
+`alone` trains each side `ALONE_RUNS` times in fresh processes of their own (`rss.py`), in
+alternation: peak RSS and lower + compile seconds per process, medians and the compile ratio
+(`peak_rss_alone`: the peak RSS medians). With
 `peer="torch"`, PyTorch's `torch.nn.Transformer` (`torch_peer.py`) runs in the same process
 on the same shape and batch (on the GPU when JAX computes on one, under `torch.autocast` when
 the dtype is 16-bit), and the line gets a `peer` object. After `warmup` untimed steps of each
@@ -31,6 +33,7 @@ from experiments.bench import flax_peer, mfu, rss, timing, torch_peer, workload
 from tfjax.training import runtime
 
 TRACED_STEPS = 3
+ALONE_RUNS = 3  # fresh processes per side for peak RSS and compile time alone
 
 
 def peer_device(platform: str) -> str:
@@ -180,8 +183,32 @@ def bench_train(
         out["peer"] = _peer_result(peer, peer_first, times, peer_times, tokens, shape, peer_where)
     if peer == "flax" and shape is workload.SHAPE and device.platform == "cpu":
         tuned = runtime.malloc_description().endswith(", tuned")
-        out["peak_rss_alone"] = {
-            side: rss.peak_rss_alone(side, batch=batch, tune_malloc=tuned, dtype=dtype)
-            for side in rss.SIDES
+        out["alone"] = alone_runs(batch, tuned, dtype)
+        out["peak_rss_alone"] = {side: out["alone"][side]["peak_rss_median"] for side in rss.SIDES}
+    return out
+
+
+def alone_runs(batch: int, tune_malloc: bool, dtype: str, runs: int = ALONE_RUNS) -> dict:
+    """Each side trained `runs` times in a fresh process of its own (`rss.alone`), the sides
+    alternating and taking turns to go first: per side the peak RSS and the lower + compile
+    seconds of every process and their medians, and `compile_ratio` (Flax's median / tfjax's:
+    above 1 when tfjax compiles faster). Peak RSS falls into modes on both sides with the
+    allocator tuned (README, Speed), hence every process's figure."""
+    lines: dict[str, list[dict]] = {side: [] for side in rss.SIDES}
+    for i in range(runs):
+        for side in rss.SIDES if i % 2 == 0 else rss.SIDES[::-1]:
+            lines[side].append(rss.alone(side, batch=batch, tune_malloc=tune_malloc, dtype=dtype))
+    out: dict = {"runs": runs}
+    for side, found in lines.items():
+        peaks = [line["peak_rss_bytes"] for line in found]
+        seconds = [line["lower_seconds"] + line["compile_seconds"] for line in found]
+        out[side] = {
+            "peak_rss_bytes": peaks,
+            "peak_rss_median": statistics.median(peaks),
+            "lower_compile_seconds": seconds,
+            "lower_compile_median": statistics.median(seconds),
         }
+    out["compile_ratio"] = (
+        out["flax"]["lower_compile_median"] / out["tfjax"]["lower_compile_median"]
+    )
     return out
