@@ -5,6 +5,7 @@ Only tiny shapes: the benchmark shape itself is never run here.
 """
 
 import importlib
+import itertools
 import json
 import math
 import subprocess
@@ -191,6 +192,46 @@ def test_flax_peer_cached_greedy_is_uncached_greedy():
     assert len(np.unique(tokens)) > 2
 
 
+def _perturbed_peer(shape: dict, data: dict):
+    model = flax_peer.build_model(shape)
+    params = flax_peer.init_params(model, data)
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(3), len(leaves))
+    return model, jax.tree.unflatten(  # away from the init, where every row predicts one token
+        tree, [x + jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    )
+
+
+def test_flax_peer_beam_search_is_exact_when_the_beams_hold_every_prefix():
+    """Vocabulary 4, 3 tokens, 16 beams = every 2-token prefix: the last step scores all 64
+    sequences, so the beams must be the 16 best of a brute-force enumeration, scored by the
+    teacher-forced model without a cache, and 1 beam must be greedy decoding."""
+    shape = dict(TINY, vocab_size=4, target_len=3)
+    data = workload.random_batch(shape["batch"], shape)
+    model, params = _perturbed_peer(shape, data)
+    src, seg = data["inputs"], data["inputs_segment_ids"]
+    tokens, scores = flax_peer.make_beam_decoder(shape, params, 16)(params, src, seg)
+    every = np.array(list(itertools.product(range(4), repeat=3)), np.int32)  # [64, 3]
+    for row in range(shape["batch"]):
+        targets = every
+        logits = model.apply(
+            {"params": params},
+            np.repeat(src[row : row + 1], len(every), 0),
+            targets,
+            np.repeat(seg[row : row + 1], len(every), 0),
+            np.ones_like(targets),
+            train=False,
+        )
+        log_probs = jax.nn.log_softmax(logits, axis=-1)
+        totals = np.take_along_axis(np.asarray(log_probs), targets[..., None], -1).sum((1, 2))
+        best = np.argsort(-totals)[:16]
+        np.testing.assert_allclose(scores[row], totals[best], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(tokens[row], every[best])  # all 16, best first
+    greedy = flax_peer.make_greedy_decoder(shape, params)(params, src, seg)
+    one_beam, _ = flax_peer.make_beam_decoder(shape, params, 1)(params, src, seg)
+    np.testing.assert_array_equal(one_beam[:, 0], greedy)
+
+
 def test_benches_with_the_flax_peer_report_ratios_per_pair():
     out = train.bench_train(2, TINY["batch"], "float32", peer="flax", shape=TINY)
     peer = out["peer"]
@@ -200,6 +241,8 @@ def test_benches_with_the_flax_peer_report_ratios_per_pair():
     decoded = decode.bench_decode(2, TINY["batch"], "float32", shape=TINY, peer="flax")
     assert len(decoded["peer"]["greedy_cached_ratio_per_pair"]) == 2
     assert decoded["peer"]["greedy_cached"]["generated_tokens_per_second"]["median"] > 0
+    assert len(decoded["peer"]["beam4_ratio_per_pair"]) == 2
+    assert decoded["peer"]["beam4"]["generated_tokens_per_second"]["median"] > 0
 
 
 def test_time_pairs_alternates_order():

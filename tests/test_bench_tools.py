@@ -120,6 +120,22 @@ def test_train_bench_traces_steps_that_the_summary_reads(tmp_path):
     assert profile.summarize(events, train.TRACED_STEPS)["kernels_per_step"] > 10
 
 
+def test_train_bench_with_the_flax_peer_traces_both_sides(tmp_path):
+    out = train.bench_train(
+        repeats=1, batch=2, dtype="float32", shape=_TINY, peer="flax", trace_dir=str(tmp_path)
+    )
+    assert out["peer"]["name"] == "flax"
+    names = {}
+    for side in ("tfjax", "flax"):
+        events = json.load(__import__("gzip").open(profile.find_trace(str(tmp_path / side))))
+        events = events["traceEvents"] if isinstance(events, dict) else events
+        summary = profile.summarize(events, train.TRACED_STEPS)
+        assert summary["busy_by_category_ms"]["matmul"] > 0
+        assert summary["busy_by_category_ms"]["matmul"] <= summary["by_category_ms"]["matmul"]
+        names[side] = {e["name"] for e in profile.kernel_events(events) if "fusion" in e["name"]}
+    assert names["tfjax"] != names["flax"]  # each trace holds its own side's program
+
+
 @pytest.mark.slow
 def test_flattened_adam_makes_the_same_update():
     """optax.flatten ravels the parameters for Adam; the step must not change the numbers."""

@@ -3,9 +3,12 @@
 Each variant generates `target_len` tokens per source with EOS disabled, so that every variant
 does the same work: KV-cached greedy (`decoding.generate`), uncached greedy recomputing the
 prefix at every step (`decoding.greedy_decode`) and beam search with 4 beams
-(`beam_search.beam_search`). `cached_speedup` is cached over uncached greedy tokens/s.
+(`beam_search.beam_search`). `cached_speedup` is cached over uncached greedy tokens/s. With
+`peer="flax"`, the stock-Flax peer's cached greedy decoding and beam search (4 beams, its
+`decode=True` cache reordered each step) are timed in alternating pairs with tfjax's.
 """
 
+import functools
 import statistics
 from collections.abc import Callable
 
@@ -74,29 +77,33 @@ def bench_decode(
     uncached = out["greedy_uncached"]["generated_tokens_per_second"]["median"]
     out["cached_speedup"] = cached / uncached
     if peer == "flax":
-        out["peer"] = _flax_greedy(variants["greedy_cached"], params, data, shape, dtype, repeats)
+        out["peer"] = _flax_peer(variants, params, data, shape, dtype, repeats)
     return out
 
 
-def _flax_greedy(ours: Callable, params, data: dict, shape: dict, dtype: str, repeats: int):
-    """Cached greedy decoding of the stock-Flax peer (its own `decode=True` cache), timed in
-    alternating pairs with tfjax's `greedy_cached` on the same sources and length."""
+def _flax_peer(ours: dict, params, data: dict, shape: dict, dtype: str, repeats: int) -> dict:
+    """Cached greedy decoding and beam search (`BEAM_SIZE` beams) of the stock-Flax peer (its
+    own `decode=True` cache; `flax_peer.make_greedy_decoder`, `make_beam_decoder`), each timed
+    in alternating pairs with tfjax's `greedy_cached` / `beam4` on the same sources and length.
+    """
     peer_model = flax_peer.build_model(shape, dtype)
     peer_params = flax_peer.init_params(peer_model, data)
-    decode = flax_peer.make_greedy_decoder(shape, peer_params, dtype=dtype)
     src, seg = data["inputs"], data["inputs_segment_ids"]
-    peer_first = timing.time_once(lambda: decode(peer_params, src, seg))
-    _, times, peer_times = timing.time_pairs(
-        lambda: ours(params), lambda: decode(peer_params, src, seg), repeats
-    )
+    decoders = {
+        "greedy_cached": flax_peer.make_greedy_decoder(shape, peer_params, dtype=dtype),
+        "beam4": flax_peer.make_beam_decoder(shape, peer_params, BEAM_SIZE, dtype=dtype),
+    }
     tokens = src.shape[0] * shape["target_len"]
-    ratios = [peer_t / t for t, peer_t in zip(times, peer_times, strict=True)]
-    return {
-        "name": flax_peer.PEER,
-        "greedy_cached": {
+    out: dict = {"name": flax_peer.PEER}
+    for name, decode in decoders.items():
+        peer_fn = functools.partial(decode, peer_params, src, seg)
+        peer_first = timing.time_once(peer_fn)
+        _, times, peer_times = timing.time_pairs(lambda n=name: ours[n](params), peer_fn, repeats)
+        ratios = [peer_t / t for t, peer_t in zip(times, peer_times, strict=True)]
+        out[name] = {
             "generated_tokens_per_second": timing.rates(tokens, peer_times),
             "compile_seconds": peer_first - statistics.median(peer_times),
-        },
-        "greedy_cached_ratio_per_pair": ratios,
-        "greedy_cached_ratio_median": statistics.median(ratios),
-    }
+        }
+        out[f"{name}_ratio_per_pair"] = ratios
+        out[f"{name}_ratio_median"] = statistics.median(ratios)
+    return out

@@ -17,6 +17,8 @@ still differs is in `NOTES`, which the benchmark prints.
 
 Greedy decoding uses Flax's own cache: the attention layers run with `decode=True` and keep
 their keys and values in the "cache" collection, one token per step in a `lax.fori_loop`.
+Beam search (`make_beam_decoder`) runs the same cache over K rows per source and reorders
+it to the kept beams every step.
 """
 
 import math
@@ -279,6 +281,38 @@ def make_train_step(
     return run
 
 
+def _empty_cache(model: Transformer, encoded, inputs_segment_ids, length: int) -> dict:
+    """The "cache" collection for decoding `length` tokens per row of `encoded` [R, S, D]:
+    keys and values [R, L, N, H] per self-attention layer, index 0."""
+    return model.init(
+        jax.random.key(0),
+        encoded,
+        inputs_segment_ids,
+        jnp.zeros((encoded.shape[0], length), jnp.int32),
+        jnp.arange(length),
+        None,
+        False,
+        method=Transformer.decode_tokens,
+    )["cache"]
+
+
+def _next_logits(model: Transformer, params, cache, encoded, inputs_segment_ids, previous, t):
+    """One cached decoder step: the tokens `previous` [R] at position t -> (logits [R, V],
+    the updated cache)."""
+    logits, state = model.apply(
+        {"params": params, "cache": cache},
+        encoded,
+        inputs_segment_ids,
+        previous[:, None],
+        t[None],
+        None,
+        False,
+        method=Transformer.decode_tokens,
+        mutable=["cache"],
+    )
+    return logits[:, 0], state["cache"]
+
+
 def make_greedy_decoder(shape: dict, params: dict, *, dtype: str = "float32"):
     """Jitted KV-cached greedy decoding with Flax's `decode=True` attention cache.
 
@@ -294,35 +328,74 @@ def make_greedy_decoder(shape: dict, params: dict, *, dtype: str = "float32"):
         encoded = model.apply(
             {"params": params}, inputs, inputs_segment_ids, method=Transformer.encode
         )
-        cache = model.init(
-            jax.random.key(0),
-            encoded,
-            inputs_segment_ids,
-            jnp.zeros((batch, length), jnp.int32),
-            jnp.arange(length),
-            None,
-            False,
-            method=Transformer.decode_tokens,
-        )["cache"]  # keys and values [B, L, N, H] per self-attention layer, index 0
+        cache = _empty_cache(model, encoded, inputs_segment_ids, length)
 
         def step(t, carry):
             tokens, cache, previous = carry
-            logits, state = model.apply(
-                {"params": params, "cache": cache},
-                encoded,
-                inputs_segment_ids,
-                previous[:, None],
-                t[None],
-                None,
-                False,
-                method=Transformer.decode_tokens,
-                mutable=["cache"],
+            logits, cache = _next_logits(
+                model, params, cache, encoded, inputs_segment_ids, previous, t
             )
-            token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)  # [B]
-            return tokens.at[:, t].set(token), state["cache"], token
+            token = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B]
+            return tokens.at[:, t].set(token), cache, token
 
         start = (jnp.zeros((batch, length), jnp.int32), cache, jnp.ones((batch,), jnp.int32))
         tokens, _, _ = jax.lax.fori_loop(0, length, step, start)
         return tokens
+
+    return jax.jit(decode)
+
+
+def make_beam_decoder(shape: dict, params: dict, beam_size: int, *, dtype: str = "float32"):
+    """Jitted KV-cached beam search with Flax's `decode=True` cache, written plainly.
+
+    Each source is repeated `beam_size` times; at every step the K x V continuations of a
+    source's K beams are scored by their summed log-probabilities, the best K kept
+    (`lax.top_k`), and every cache array reordered to the beams they extend. Every beam runs
+    to full length (no EOS, as the tfjax variants in the bench), so no length penalty applies.
+
+    Returns:
+      `decode(params, inputs, inputs_segment_ids) -> (tokens [B, K, L], scores [B, K])`, the
+      beams best first, L = `shape["target_len"]`.
+    """
+    model = build_model(shape, dtype, decode=True)
+    length, vocab = shape["target_len"], shape["vocab_size"]
+
+    def decode(params, inputs, inputs_segment_ids):
+        batch = inputs.shape[0]
+        rows = batch * beam_size
+        encoded = model.apply(
+            {"params": params}, inputs, inputs_segment_ids, method=Transformer.encode
+        )
+        encoded = jnp.repeat(encoded, beam_size, axis=0)  # [B*K, S, D], beams of a source adjacent
+        segments = jnp.repeat(inputs_segment_ids, beam_size, axis=0)
+        cache = _empty_cache(model, encoded, segments, length)
+
+        def reorder(x, origin):  # rows of beam `origin[b, k]` of source b, for cache arrays
+            if x.ndim == 0:  # the cache index
+                return x
+            x = x.reshape(batch, beam_size, *x.shape[1:])
+            picked = jnp.take_along_axis(x, origin.reshape(origin.shape + (1,) * (x.ndim - 2)), 1)
+            return picked.reshape(rows, *x.shape[2:])
+
+        def step(t, carry):
+            tokens, scores, cache, previous = carry
+            logits, cache = _next_logits(model, params, cache, encoded, segments, previous, t)
+            log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))  # [B*K, V]
+            candidates = scores[:, :, None] + log_probs.reshape(batch, beam_size, vocab)
+            scores, flat = jax.lax.top_k(candidates.reshape(batch, beam_size * vocab), beam_size)
+            origin, token = flat // vocab, (flat % vocab).astype(jnp.int32)  # [B, K] each
+            tokens = jnp.take_along_axis(tokens, origin[:, :, None], 1).at[:, :, t].set(token)
+            cache = jax.tree.map(lambda x: reorder(x, origin), cache)
+            return tokens, scores, cache, token.reshape(rows)
+
+        first = jnp.full((batch, beam_size), -jnp.inf).at[:, 0].set(0.0)  # one live beam at first
+        start = (
+            jnp.zeros((batch, beam_size, length), jnp.int32),
+            first,
+            cache,
+            jnp.ones((rows,), jnp.int32),
+        )
+        tokens, scores, _, _ = jax.lax.fori_loop(0, length, step, start)
+        return tokens, scores
 
     return jax.jit(decode)

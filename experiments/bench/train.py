@@ -25,6 +25,7 @@ model has a final LayerNorm on each stack that tfjax's post-LN model lacks (`pee
 its `num_params` is 4 * d_model larger.
 """
 
+import os
 import statistics
 
 import jax
@@ -135,7 +136,8 @@ def bench_train(
     """Train-step throughput of tfjax; with `peer`, timed in alternation with that framework.
 
     `flatten_optimizer` runs tfjax's Adam on one raveled vector (`workload.make_train_step`);
-    `trace_dir` traces `TRACED_STEPS` more tfjax steps with `jax.profiler` after the timing;
+    `trace_dir` traces `TRACED_STEPS` more tfjax steps with `jax.profiler` after the timing
+    (with `peer="flax"` into `trace_dir`/tfjax, then as many Flax steps into `trace_dir`/flax);
     `positions` gives tfjax's batch explicit positions (`workload.with_positions`), which
     keeps its masks dense.
     """
@@ -159,9 +161,11 @@ def bench_train(
     else:
         first, times = timing.time_calls(run, repeats, warmup)
     if trace_dir:
-        with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-            for _ in range(TRACED_STEPS):
-                jax.block_until_ready(run())
+        traced = {"": run} if peer != "flax" else {"tfjax": run, "flax": peer_step}
+        for name, fn in traced.items():  # with the Flax peer: DIR/tfjax, then DIR/flax
+            with jax.profiler.trace(os.path.join(trace_dir, name), create_perfetto_trace=True):
+                for _ in range(TRACED_STEPS):
+                    jax.block_until_ready(fn())
     median_time = statistics.median(times)
     out = {
         "bench": "train",
