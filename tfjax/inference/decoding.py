@@ -290,16 +290,19 @@ def _with_lengths(
 
 
 def next_step(step_fn: StepFn, t: Array, max_length: int, token: Array, logits, cache):
-    """Feeds `token` [B] at position t + 1 unless t + 1 == max_length (nothing left to predict).
+    """Feeds `token` [B] at position t + 1 and returns the new (logits [B, V], cache).
 
-    Returns the new (logits [B, V], cache), or the given ones at the last position.
+    At the last position (t + 1 == max_length) nothing is left to predict, and the token is fed
+    at position max_length - 1 instead (inside the cache): the loops that call this end there,
+    and nothing reads those logits or that cache. The model runs unconditionally: a `lax.cond`
+    around it (the previous form, returning `logits` and `cache` unchanged at the end) cost
+    ~10% of beam search on a 2-core CPU (954 -> 859 ms for the bench's 4-beam decode; README,
+    Speed), for one model step saved per decode.
     """
-    positions = jnp.full((token.shape[0], 1), t + 1, jnp.int32)  # [B, 1]
-    return jax.lax.cond(
-        t + 1 < max_length,
-        lambda: step_fn(token[:, None], positions, cache),
-        lambda: (logits, cache),
-    )
+    del logits  # kept in the signature: the callers' loop state
+    position = jnp.minimum(t + 1, max_length - 1)
+    positions = jnp.full((token.shape[0], 1), position, jnp.int32)  # [B, 1]
+    return step_fn(token[:, None], positions, cache)
 
 
 def decode_loop(
