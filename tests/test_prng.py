@@ -147,3 +147,16 @@ def test_dropout_values_and_gradients_equal_flax_dropout():
     np.testing.assert_array_equal(ours, flax_y)
     assert 0 < int(jnp.sum(ours == 0.0)) < x.size  # some elements dropped, not all
     np.testing.assert_allclose(grad(layers.Dropout(0.25))(x), grad(nn.Dropout(0.25))(x), rtol=1e-6)
+
+
+def test_the_original_threefry_layout_falls_back_to_jax():
+    """With `jax_threefry_partitionable` off JAX lays its bits out differently; the module must
+    then hand over to `jax.random.bernoulli` rather than draw other masks."""
+    key = jax.random.key(6)
+    with jax.threefry_partitionable(False):
+        np.testing.assert_array_equal(
+            prng.bernoulli(key, 0.6, (5, 7)), jax.random.bernoulli(key, 0.6, (5, 7))
+        )
+        np.testing.assert_array_equal(
+            prng.random_bits(key, (5, 7)), jax.random.bits(key, (5, 7), jnp.uint32)
+        )

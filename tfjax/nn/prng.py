@@ -52,7 +52,8 @@ def threefry2x32(k0: Array, k1: Array, c0: Array, c1: Array) -> tuple[Array, Arr
 def _threefry_key_data(key: Array) -> Array | None:
     """The uint32[2] data of a Threefry key (typed, or a raw key of the default implementation),
     or None when `key` is anything else or JAX's Threefry mode is not the partitionable one."""
-    if not jax.config.jax_threefry_partitionable:
+    # getattr: a later JAX may drop the flag once the partitionable layout is its only one.
+    if not getattr(jax.config, "jax_threefry_partitionable", True):
         return None
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         if key.shape != () or "threefry2x32" not in str(jax.random.key_impl(key)):
@@ -60,7 +61,7 @@ def _threefry_key_data(key: Array) -> Array | None:
         return jax.random.key_data(key)
     if key.shape != (2,) or key.dtype != jnp.uint32:
         return None
-    if jax.config.jax_default_prng_impl != "threefry2x32":
+    if getattr(jax.config, "jax_default_prng_impl", "threefry2x32") != "threefry2x32":
         return None
     return key
 
