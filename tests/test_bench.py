@@ -368,7 +368,7 @@ def test_peak_rss_reads_vm_hwm_in_bytes_and_falls_back_without_proc(tmp_path):
 
 def test_a_child_process_reports_its_own_peak_rss_not_its_parents():
     # ru_maxrss would give the child this process's peak (vfork + exec carries it over), and
-    # peak_rss_alone's two sides would then read the same number whenever the parent is larger.
+    # alone()'s two sides would then read the same number whenever the parent is larger.
     held = np.ones(2**30 // 8)  # 1 GiB, touched
     code = "from experiments.bench import environment; print(environment.peak_rss_bytes())"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -378,7 +378,7 @@ def test_a_child_process_reports_its_own_peak_rss_not_its_parents():
 
 def test_rss_alone_refuses_an_unknown_side():
     with pytest.raises(ValueError, match="side must be one of"):
-        rss.peak_rss_alone("torch", batch=2, tune_malloc=False)
+        rss.alone("torch", batch=2, tune_malloc=False)
 
 
 @pytest.mark.slow

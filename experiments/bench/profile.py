@@ -100,9 +100,12 @@ def summarize(events: list[dict], steps: int, top: int = 25) -> dict:
     span = max(b for _, b in intervals) - min(a for a, _ in intervals)
     busy = _busy(intervals)
     by_category: dict[str, float] = collections.defaultdict(float)
+    category_intervals: dict[str, list] = collections.defaultdict(list)
     by_name: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for e in kernels:
-        by_category[category(e["name"])] += e["dur"]
+        label = category(e["name"])
+        by_category[label] += e["dur"]
+        category_intervals[label].append((e["ts"], e["ts"] + e["dur"]))
         group = by_name[_NUMBER_SUFFIX.sub("", e["name"])]
         group[0] += e["dur"]
         group[1] += 1
@@ -117,8 +120,7 @@ def summarize(events: list[dict], steps: int, top: int = 25) -> dict:
         "kernel_ms": sum(e["dur"] for e in kernels) * ms,
         "by_category_ms": {k: v * ms for k, v in sorted(by_category.items(), key=lambda x: -x[1])},
         "busy_by_category_ms": {
-            k: _busy([(e["ts"], e["ts"] + e["dur"]) for e in kernels if category(e["name"]) == k])
-            * ms
+            k: _busy(category_intervals[k]) * ms
             for k in sorted(by_category, key=lambda k: -by_category[k])
         },
         "top": [

@@ -1,7 +1,7 @@
 """Peak host memory (RSS) of one side's training process alone, for `--peer=flax`.
 
 Timed in one process, the two sides share one peak RSS (the train line's `peak_rss_bytes`). To
-compare the memory each would need alone, `peak_rss_alone` starts a fresh Python process per
+compare the memory each would need alone, `alone` starts a fresh Python process per
 side that builds that side's train step at the benchmark shape, runs `steps` steps and reports
 its own peak RSS (`environment.peak_rss_bytes`: VmHWM, the high-water mark of the child's
 own address space, which includes the interpreter, JAX and the compiled program; not
@@ -47,14 +47,6 @@ def alone(
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"the {side} memory child failed (exit {done.returncode}): {last}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def peak_rss_alone(
-    side: str, *, batch: int, steps: int = 3, tune_malloc: bool, dtype: str = "float32"
-) -> int:
-    """Peak RSS in bytes of a fresh process training `side` (`alone`'s `peak_rss_bytes`)."""
-    line = alone(side, batch=batch, steps=steps, tune_malloc=tune_malloc, dtype=dtype)
-    return int(line["peak_rss_bytes"])
 
 
 def _child(side: str, batch: int, steps: int, tune_malloc: bool, dtype: str) -> None:

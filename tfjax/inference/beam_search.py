@@ -299,9 +299,7 @@ def _advance(
     state, parent, token = beam_step(state, eos_id=eos_id, rules=rules)
     cache = reorder_cache(state.cache, parent)
     t = state.t - 1  # the step just taken (beam_step has counted it)
-    logits, cache = decoding.next_step(
-        step_fn, t, max_length, token.reshape(-1), state.logits, cache
-    )
+    logits, cache = decoding.next_step(step_fn, t, max_length, token.reshape(-1), cache)
     return state._replace(cache=cache, logits=logits)
 
 

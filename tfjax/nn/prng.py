@@ -49,11 +49,12 @@ def threefry2x32(k0: Array, k1: Array, c0: Array, c1: Array) -> tuple[Array, Arr
     return x0, x1
 
 
-def _threefry_key_data(key: Array) -> Array | None:
-    """The uint32[2] data of a Threefry key (typed, or a raw key of the default implementation),
-    or None when `key` is anything else or JAX's Threefry mode is not the partitionable one."""
+def _threefry_key_data(key: Array, shape: tuple[int, ...]) -> Array | None:
+    """The uint32[2] data of a Threefry key (typed, or a raw key of the default implementation)
+    when this module draws `shape` itself; None when JAX must: another key implementation, JAX's
+    original (non-partitionable) Threefry layout, or 2^32 elements and more."""
     # getattr: a later JAX may drop the flag once the partitionable layout is its only one.
-    if not getattr(jax.config, "jax_threefry_partitionable", True):
+    if not getattr(jax.config, "jax_threefry_partitionable", True) or math.prod(shape) >= 2**32:
         return None
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         if key.shape != () or "threefry2x32" not in str(jax.random.key_impl(key)):
@@ -66,34 +67,30 @@ def _threefry_key_data(key: Array) -> Array | None:
     return key
 
 
-def _row_major_index(shape: tuple[int, ...]) -> Array:
-    """uint32 array of `shape` holding each element's row-major index (a sum of broadcast iotas,
-    which XLA's SPMD partitioner splits along with the array)."""
-    index = jnp.zeros(shape, jnp.uint32)
-    stride = 1
+def _bits(data: Array, shape: tuple[int, ...]) -> Array:
+    """JAX's 32-bit draw for the key with uint32[2] `data`: the xor of the two Threefry output
+    words of each element's counter (0, its row-major index)."""
+    index = jnp.zeros(shape, jnp.uint32)  # the row-major index, as a sum of broadcast iotas
+    stride = 1  # (which XLA's SPMD partitioner splits along with the array)
     for axis in reversed(range(len(shape))):
         index = index + lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride)
         stride *= shape[axis]
-    return index
+    hi, lo = threefry2x32(data[0], data[1], jnp.zeros_like(index), index)
+    return hi ^ lo
 
 
 def random_bits(key: Array, shape: tuple[int, ...]) -> Array:
     """uint32 random bits: `jax.random.bits(key, shape, jnp.uint32)`, bit for bit."""
     shape = tuple(shape)
-    data = _threefry_key_data(key)
-    if data is None or math.prod(shape) >= 2**32:
-        return jax.random.bits(key, shape, jnp.uint32)
-    index = _row_major_index(shape)
-    hi, lo = threefry2x32(data[0], data[1], jnp.zeros_like(index), index)
-    return hi ^ lo  # JAX's 32-bit draw: the xor of the two output words
+    data = _threefry_key_data(key, shape)
+    return jax.random.bits(key, shape, jnp.uint32) if data is None else _bits(data, shape)
 
 
 def _uniform_below(data: Array, p: Array, shape: tuple[int, ...]) -> Array:
     """`jax.random.uniform(key, shape) < p` for the Threefry key with uint32[2] `data`."""
-    index = _row_major_index(shape)
-    hi, lo = threefry2x32(data[0], data[1], jnp.zeros_like(index), index)
     # The top 23 of the 32 bits as the mantissa under the exponent of 1.0: a float in [1, 2).
-    floats = lax.bitcast_convert_type(((hi ^ lo) >> jnp.uint32(9)) | jnp.uint32(_ONE), jnp.float32)
+    mantissa = _bits(data, shape) >> jnp.uint32(9)
+    floats = lax.bitcast_convert_type(mantissa | jnp.uint32(_ONE), jnp.float32)
     return floats - 1.0 < p
 
 
@@ -130,8 +127,8 @@ def bernoulli(key: Array, p: float | Array, shape: tuple[int, ...]) -> Bool[Arra
     """
     shape = tuple(shape)
     p = jnp.asarray(p)
-    data = _threefry_key_data(key)
-    if data is None or p.dtype != jnp.float32 or p.ndim != 0 or math.prod(shape) >= 2**32:
+    data = _threefry_key_data(key, shape)
+    if data is None or p.dtype != jnp.float32 or p.ndim != 0:
         return jax.random.bernoulli(key, p, shape)
     return lax.platform_dependent(
         data,
