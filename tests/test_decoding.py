@@ -299,12 +299,20 @@ def test_sampling_top_k_1_is_greedy():
 
 
 def test_choose_fn_folds_the_step_into_the_key_and_passes_the_filters():
-    logits = jax.random.normal(jax.random.key(0), (4, 20))
-    rng, options = jax.random.key(5), dict(temperature=0.7, top_k=3, top_p=0.9)
-    choose = decoding.make_choose_fn(rng=rng, **options)
-    for t in (0, 3):
-        want = decoding.sample_logits(logits, jax.random.fold_in(rng, t), **options)
-        np.testing.assert_array_equal(choose(logits, t), want)
+    logits = jax.random.normal(jax.random.key(0), (64, 20))
+    rng = jax.random.key(5)
+    # The second options make top-p bind (with top-k 3 it rarely removes anything).
+    for temperature, top_k, top_p in ((0.7, 3, 0.9), (0.7, 0, 0.6)):
+        options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        choose = decoding.make_choose_fn(rng=rng, **options)
+        # [B, V]: the tokens the filters leave, written out in numpy
+        rows = np.asarray(logits)
+        kept = np.stack([_renormalised(z, temperature, top_k or 20, top_p) > 0 for z in rows])
+        for t in (0, 3):
+            want = decoding.sample_logits(logits, jax.random.fold_in(rng, t), **options)
+            chosen = np.asarray(choose(logits, t))
+            np.testing.assert_array_equal(chosen, want)
+            assert kept[np.arange(64), chosen].all(), options
     greedy = decoding.make_choose_fn(temperature=0.0, top_k=0, top_p=1.0, rng=None)
     np.testing.assert_array_equal(greedy(logits, 2), jnp.argmax(logits, axis=-1))
 
@@ -432,3 +440,71 @@ def test_generate_rejects_bad_arguments():
         decoding.generate(model, params, prompts=SRC, **base)
     with pytest.raises(ValueError, match="temperature"):
         decoding.generate(model, params, inputs=SRC, temperature=-1.0, **base)
+
+
+def test_sampled_sliding_continuation_draws_step_t_with_fold_in_rng_t():
+    # Past the trained length, token t is categorical(fold_in(rng, t), logits_t / T), where
+    # logits_t are the model's over BOS + the previous `context` tokens (written out here).
+    model, params = _model("decoder_only", positional="learned")
+    context, length, temperature = 5, 14, 1.5
+    tokens, rng = jnp.array([[4, 5, 6, 7, 8], [9, 10, 11, 12, 13]], jnp.int32), jax.random.key(7)
+    slide = _jit(
+        functools.partial(
+            decoding.generate_sliding,
+            model,
+            max_length=length,
+            context=context,
+            eos_id=NO_EOS,
+            temperature=temperature,
+        )
+    )
+    out = np.asarray(slide(params, tokens, rng=rng))
+    apply = _jit_apply(model)
+    want, argmax = np.zeros((2, length), np.int32), np.zeros((2, length), np.int32)
+    want[:, :context] = argmax[:, :context] = tokens
+    for t in range(context, length):
+        windows = np.pad(want[:, t - context : t], ((0, 0), (0, 1)))  # [B, context + 1]
+        logits = apply({"params": params}, jnp.asarray(windows))[:, context]  # [B, V]
+        key = jax.random.fold_in(rng, t)
+        want[:, t] = jax.random.categorical(key, logits / temperature, axis=-1)
+        argmax[:, t] = jnp.argmax(logits, axis=-1)
+    np.testing.assert_array_equal(out, want)
+    assert (want != argmax).any()  # the draws are samples, not greedy choices
+
+
+def test_choose_fn_samples_softmax_of_the_logits_over_the_temperature():
+    # 20,000 steps of one choose fn in one vmapped call: the keys fold_in(rng, t) are
+    # independent draws, so the frequencies are those of softmax(logits / T).
+    logits = np.array([2.0, 1.5, 1.0, 0.3, 0.0, -0.5], np.float32)
+    draws = 20_000
+    for temperature in (0.5, 2.0):
+        choose = decoding.make_choose_fn(
+            temperature=temperature, top_k=0, top_p=1.0, rng=jax.random.key(13)
+        )
+        tokens = _jit(jax.vmap(lambda t, c=choose: c(jnp.asarray(logits)[None], t)[0]))(
+            jnp.arange(draws)
+        )
+        frequencies = np.bincount(np.asarray(tokens), minlength=6) / draws
+        want = np.exp(logits.astype(np.float64) / temperature)
+        # 20k draws: a frequency's standard error is at most 0.0036; allow about 4 of them.
+        np.testing.assert_allclose(frequencies, want / want.sum(), atol=0.015)
+
+
+def test_sampled_generate_draws_step_t_from_the_logits_over_the_temperature():
+    # Cached sampled generation against the uncached model, step by step: token t is
+    # categorical(fold_in(rng, t), logits_t / T) once the prompt is used up.
+    model, params = _model("decoder_only", positional="rotary")
+    temperature, length, rng = 1.5, 10, jax.random.key(4)
+    prompts = jnp.array([[4, 5], [8, 9]], jnp.int32)
+    sample = _jit_generate(model, max_length=length, eos_id=NO_EOS, temperature=temperature)
+    out = np.asarray(sample(params, prompts=prompts, rng=rng))
+    apply = _jit_apply(model)
+    want, argmax = np.zeros((2, length), np.int32), np.zeros((2, length), np.int32)
+    want[:, :2] = argmax[:, :2] = prompts
+    for t in range(2, length):
+        logits = apply({"params": params}, jnp.asarray(want))[:, t]  # [B, V]
+        key = jax.random.fold_in(rng, t)
+        want[:, t] = jax.random.categorical(key, logits / temperature, axis=-1)
+        argmax[:, t] = jnp.argmax(logits, axis=-1)
+    np.testing.assert_array_equal(out, want)
+    assert (want != argmax).any()  # the draws are samples, not greedy choices

@@ -267,3 +267,22 @@ def test_sentencepiece_gets_a_mask_control_symbol_only_for_mlm():
     masked = tokenizers.SentencePieceTokenizer.build(texts, vocab_size=40, mask=True)
     assert plain.mask_id is None
     assert masked.mask_id == 4 and 4 not in masked.encode("the <mask> dog")
+
+
+def test_a_row_with_few_candidates_gets_one_selected_and_one_without_none():
+    # round(0.15 * n) is 0 for n = 1, 2, 3: the minimum of one is what selects a token there.
+    tokens = np.array(
+        [
+            [1, 7, 2, 0, 0, 0],  # one candidate (7)
+            [1, 7, 8, 2, 0, 0],  # two
+            [1, 7, 3, 8, 9, 2],  # three, an UNK among them
+            [1, 3, 2, 0, 0, 0],  # none: specials and padding only
+        ],
+        np.int32,
+    )
+    batch = {"inputs": tokens, "inputs_segment_ids": (tokens > 0).astype(np.int32)}
+    candidates = tokens > 4
+    for seed in range(3):
+        _, selected = _masked(batch, jax.random.key(seed))
+        np.testing.assert_array_equal(selected.sum(1), [1, 1, 1, 0])
+        assert not (selected & ~candidates).any()

@@ -5,6 +5,7 @@ The reference for "alone" is `experiments.train`'s loop in mode "sharded" (one j
 like the sweep): mode "pmap" folds the device index into the dropout key, so its masks differ.
 """
 
+import functools
 import json
 import math
 import pathlib
@@ -15,10 +16,10 @@ import optax
 import pytest
 
 from experiments import config_utils
-from tfjax import errors
+from tfjax import errors, models
 from tfjax.data import pipeline
 from tfjax.runs import build, lock, trainer, vsweep, vsweep_state
-from tfjax.training import logger, optim, vectorized
+from tfjax.training import logger, optim, steps, vectorized
 
 SPEC = "configs/base.py:tiny"
 STEPS = 8
@@ -549,3 +550,76 @@ def test_a_trial_trained_without_eos_equals_the_trial_trained_alone(tmp_path):
         alone = _metric_rows(tmp_path / "false", kind)
         assert [s for s, _ in rows] == [s for s, _ in alone] and rows, kind
         np.testing.assert_allclose([v for _, v in rows], [v for _, v in alone], rtol=1e-5)
+
+
+def test_two_trials_differing_in_learning_rate_each_take_their_own_step():
+    """One vectorised step of two trials that differ only in the learning rate equals each
+    trial's own `steps.make_train_step` step (a tiny decoder-only model, no dropout)."""
+    # Compiling dominates on a CPU; XLA's backend optimisation level 0 cuts it.
+    jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+    config = models.ModelConfig(
+        kind="decoder_only",
+        vocab_size=11,
+        embed_dim=8,
+        num_layers=1,
+        num_heads=2,
+        mlp_dim=16,
+        max_len=8,
+        dropout_rate=0.0,
+        use_bias=False,  # a key bias's gradient is rounding noise that Adam makes a full step
+    )
+    model = models.create_model(config)
+    targets = np.random.default_rng(0).integers(3, 11, (2, 6)).astype(np.int32)
+    batch = {"targets": targets, "targets_segment_ids": np.ones((2, 6), np.int32)}
+    params = jit(model.init)(jax.random.key(0), targets)["params"]
+    rng = jax.random.key(1)
+    configs = [
+        optim.OptimConfig(schedule="constant", learning_rate=lr, warmup_steps=0)
+        for lr in (0.01, 0.03)
+    ]
+
+    def alone(config_):
+        optimizer, schedule = optim.make_optimizer(config_, d_model=8)
+        step = steps.make_train_step(
+            model, optimizer, schedule, kind="decoder_only", label_smoothing=0.0
+        )
+
+        def run(params, batch, rng):
+            state = steps.TrainState(
+                step=jax.numpy.zeros((), np.int32), params=params, opt_state=optimizer.init(params)
+            )
+            return step(state, batch, rng)
+
+        return jit(run)(params, batch, rng)
+
+    structure = optim.traced_structure(configs)
+    hyper = jax.tree.map(
+        lambda *x: np.stack(x), *[optim.traced_hyper(c, structure) for c in configs]
+    )
+    vstep = vectorized.make_vectorized_train_step(
+        model, structure, d_model=8, kind="decoder_only", label_smoothing=0.0, shared_batch=True
+    )
+
+    def together(params, batch, rng, hyper):
+        traced, _ = optim.traced_optimizer(vectorized.unstack(hyper, 0), structure, 8)
+        init = steps.TrainState(
+            step=jax.numpy.zeros((), np.int32), params=params, opt_state=traced.init(params)
+        )
+        state = vectorized.SweepState(train=vectorized.stack([init, init]), live=np.ones(2, bool))
+        return vstep(state, batch, jax.numpy.stack([rng, rng]), hyper)
+
+    new, metrics = jax.device_get(jit(together)(params, batch, rng, hyper))  # numpy
+    singles = [alone(c) for c in configs]
+    for i, (single_state, single_metrics) in enumerate(singles):
+        np.testing.assert_allclose(metrics["learning_rate"][i], configs[i].learning_rate)
+        np.testing.assert_allclose(single_metrics["learning_rate"], configs[i].learning_rate)
+        jax.tree.map(
+            lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7),
+            vectorized.unstack(new.train.params, i),
+            single_state.params,
+        )
+    # The two rates move the parameters apart: the check above tells them apart.
+    gaps = jax.tree.map(
+        lambda a, b: np.abs(a - b).max(), singles[0][0].params, singles[1][0].params
+    )
+    assert max(jax.tree.leaves(gaps)) > 1e-3
