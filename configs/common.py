@@ -6,6 +6,7 @@ every key exists in the file (STYLE.md §7).
 """
 
 import dataclasses
+import difflib
 
 import ml_collections
 
@@ -100,8 +101,26 @@ def apply_preset(
     name = arg or "base"
     if name not in presets:
         raise errors.ConfigError(f"unknown preset {name!r}; choose one of {sorted(presets)}")
+    for key in presets[name]:  # update_from_flattened_dict would add a misspelt key silently
+        _check_key(config, key, f"preset {name!r}")
     config.update_from_flattened_dict(presets[name])
     return config
+
+
+def _check_key(config: ml_collections.ConfigDict, key: str, where: str) -> None:
+    """Raises ConfigError naming `key` (and close matches) unless `config` has it."""
+    node, done = config, []
+    for part in key.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            keys = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+            close = difflib.get_close_matches(part, keys, n=3, cutoff=0.6)
+            hint = (
+                f"; did you mean {', '.join(repr('.'.join([*done, c])) for c in close)}"
+                if close
+                else ""
+            )
+            raise errors.ConfigError(f"{where} sets unknown config key {key!r}{hint}")
+        node, done = node[part], [*done, part]
 
 
 def get_sweep(sweeps: dict[str, list[dict]], arg: str | None) -> list[dict]:

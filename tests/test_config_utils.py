@@ -2,11 +2,14 @@
 
 import json
 import pathlib
+import re
 import textwrap
 
 import pytest
 
+from configs import base, common
 from experiments import config_utils
+from tfjax import errors
 
 CONFIG_FILE = textwrap.dedent('''
     """A small config for tests."""
@@ -208,3 +211,13 @@ def test_get_sweep(spec):
     ]
     with pytest.raises(ValueError, match=r"unknown sweep 'nope' .*choose one of: lr$"):
         config_utils.get_sweep(spec, "nope")
+
+
+def test_a_preset_that_sets_a_misspelt_key_is_refused_with_the_close_match():
+    for key, hint in [
+        ("train.num_train_step", "did you mean 'train.num_train_steps'"),
+        ("trian.num_train_steps", "did you mean 'train'"),
+        ("model.num_layers.deep", "unknown config key 'model.num_layers.deep'"),
+    ]:
+        with pytest.raises(errors.ConfigError, match=re.escape(hint)):
+            common.apply_preset(base.get_config(), {"typo": {key: 3}}, "typo")
