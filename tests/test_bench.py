@@ -232,6 +232,7 @@ def test_flax_peer_beam_search_is_exact_when_the_beams_hold_every_prefix():
     np.testing.assert_array_equal(one_beam[:, 0], greedy)
 
 
+@pytest.mark.slow
 def test_benches_with_the_flax_peer_report_ratios_per_pair():
     out = train.bench_train(2, TINY["batch"], "float32", peer="flax", shape=TINY)
     peer = out["peer"]
@@ -451,6 +452,7 @@ def test_train_bench_builds_the_model_with_the_fused_residual():
     assert np.isfinite(float(run()["loss_sum"]))
 
 
+@pytest.mark.slow
 def test_positions_option_hands_the_model_positions_0_to_n(monkeypatch):
     seen = []
     real = workload.make_train_step

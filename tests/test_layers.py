@@ -107,7 +107,9 @@ def _plain_loss(monkeypatch):
     monkeypatch.setattr(losses, "_weighted_token_losses", token_losses)
 
 
-@pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
+@pytest.mark.parametrize(
+    "kind", [pytest.param("encoder_decoder", marks=pytest.mark.slow), "decoder_only"]
+)
 def test_forward_mode_and_hvp_through_a_whole_model_equal_plain_autodiff(kind, monkeypatch):
     # jax.jvp and a Hessian-vector product of the training loss in the parameters, through
     # the whole model and the loss's custom derivative, against the same model with the loss

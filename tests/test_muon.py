@@ -171,9 +171,9 @@ def test_muon_is_refused_in_a_vectorised_sweep_and_checks_its_fields():
 @pytest.mark.parametrize(
     "spec, scan",
     [
-        ("configs/base.py:tiny", False),
+        pytest.param("configs/base.py:tiny", False, marks=pytest.mark.slow),
         ("configs/lm.py:tiny", True),
-        ("configs/classify.py:tiny", False),
+        pytest.param("configs/classify.py:tiny", False, marks=pytest.mark.slow),
     ],
 )
 def test_every_model_kind_trains_with_muon_and_resumes_exactly(spec, scan, tmp_path):

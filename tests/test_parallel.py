@@ -84,7 +84,9 @@ def _single_device(state, step, batches):
     return jax.device_get(state.params), losses
 
 
-@pytest.mark.parametrize("mode, fsdp", [("pmap", 1), ("sharded", 1), ("sharded", 2)])
+@pytest.mark.parametrize(
+    "mode, fsdp", [("pmap", 1), pytest.param("sharded", 1, marks=pytest.mark.slow), ("sharded", 2)]
+)
 def test_parallel_modes_match_one_device(mode, fsdp):
     assert jax.device_count() == 8
     state, step, batches = _setup()

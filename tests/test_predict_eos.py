@@ -157,6 +157,7 @@ def test_an_encoder_only_run_without_eos_is_a_one_line_config_error():
         config_utils.load_config("configs/base.py:tiny", ["train.predict_eos=maybe"])
 
 
+@pytest.mark.slow
 def test_a_run_without_eos_trains_evaluates_with_the_oracle_and_warns_without(tmp_path, caplog):
     config = config_utils.load_config("configs/base.py:tiny", [*REVERSE, "train.predict_eos=false"])
     trainer.train_and_evaluate(config, tmp_path)

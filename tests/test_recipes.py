@@ -133,6 +133,7 @@ def multi30k_workdir(tmp_path_factory) -> pathlib.Path:
     return path
 
 
+@pytest.mark.slow
 def test_multi30k_recipe_trains_and_evaluates_test2016_with_averaging(multi30k_workdir):
     record = evaluator.evaluate_workdir(
         multi30k_workdir, split="test2016", beam_size=2, average_last=2
@@ -147,6 +148,7 @@ def test_multi30k_recipe_trains_and_evaluates_test2016_with_averaging(multi30k_w
         evaluator.evaluate_workdir(multi30k_workdir, split="test2017")
 
 
+@pytest.mark.slow
 def test_checkpoint_average_is_the_mean_of_the_saved_parameters(multi30k_workdir):
     config = build.load_config_json(multi30k_workdir / "config.json")
     run, _ = build.restore(config, multi30k_workdir)
@@ -169,6 +171,7 @@ def test_checkpoint_average_is_the_mean_of_the_saved_parameters(multi30k_workdir
     assert any(different)  # the two checkpoints really differ, so the test can fail
 
 
+@pytest.mark.slow
 def test_shakespeare_recipe_scores_the_whole_val_split(tmp_path):
     line = "FIRST CITIZEN:\nWe are accounted poor citizens, line {}.\n"
     text = "".join(line.format(i) for i in range(60))
@@ -194,6 +197,7 @@ def test_listops_recipe_runs(tmp_path):
     assert 0 <= result["accuracy"] <= 1
 
 
+@pytest.mark.slow
 def test_wmt14_pipeline_runs_on_a_local_sample(tmp_path):
     pytest.importorskip("datasets", reason="the hub extra (Hugging Face datasets) is missing")
     import json

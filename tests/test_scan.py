@@ -200,9 +200,13 @@ def test_scanned_equals_unscanned_logits_and_gradients(kind, overrides):
 # A window (`window_radius` r > 0) reaches every layer as an `attention.local.Window` holding
 # arrays and, for relative / ALiBi positions, an offset-bias function over the stack's table:
 # closed over by the scan body and by remat, never a scan argument.
-WINDOW_CASES = [
-    pytest.param("decoder_only", "relative", "none", id="decoder_only-relative"),
-    pytest.param("encoder_decoder", "alibi", "full", id="encoder_decoder-alibi-full"),
+WINDOW_CASES = [  # one in the default suite, the others under `-m slow`
+    pytest.param(
+        "decoder_only", "relative", "none", id="decoder_only-relative", marks=pytest.mark.slow
+    ),
+    pytest.param(
+        "encoder_decoder", "alibi", "full", id="encoder_decoder-alibi-full", marks=pytest.mark.slow
+    ),
     pytest.param("encoder_only", "rotary", "dots_saveable", id="encoder_only-rotary-dots"),
 ]
 
@@ -296,8 +300,14 @@ def _remat_loss_and_grads(scan: bool, remat: str):
     return _jit(jax.value_and_grad(loss))(params)
 
 
-@pytest.mark.parametrize("scan", [False, True])
-@pytest.mark.parametrize("remat", stacking.REMAT_POLICIES[1:])
+@pytest.mark.parametrize(
+    "scan, remat",  # the full policy, scanned, in the default suite; the others under `-m slow`
+    [
+        pytest.param(scan, remat, marks=() if (scan, remat) == (True, "full") else pytest.mark.slow)
+        for remat in stacking.REMAT_POLICIES[1:]
+        for scan in (False, True)
+    ],
+)
 def test_every_remat_policy_gives_the_loss_and_gradients_of_none(scan, remat):
     loss, grads = _remat_loss_and_grads(scan, "none")
     remat_loss, remat_grads = _remat_loss_and_grads(scan, remat)
@@ -337,6 +347,7 @@ def test_each_layer_is_rematerialised_with_the_named_policy(scan, remat):
         assert eqn.params["prevent_cse"] is (not scan)
 
 
+@pytest.mark.slow
 def test_remat_lowers_the_compiled_memory_of_a_scanned_backward_pass():
     # In a scan the recomputation sits in the backward loop's body. (Unscanned, XLA's CPU
     # scheduler runs the recomputed layers early and the saving disappears; see README.)
@@ -411,6 +422,7 @@ def test_scanned_greedy_decoding_with_a_window_equals_unscanned():
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow
 def test_scanned_beam_search_equals_unscanned():
     model, scanned, params, stacked = _pair(positional="relative")
     search = functools.partial(
@@ -444,7 +456,7 @@ def _train_setup(scan: bool):
     return state, lambda state: _jit(step)(state, batch, jax.random.key(1))[0]
 
 
-@pytest.mark.parametrize("saved_scan", [False, True])
+@pytest.mark.parametrize("saved_scan", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_a_checkpoint_restores_into_the_other_layout_and_training_goes_on(tmp_path, saved_scan):
     state, train_step = _train_setup(saved_scan)
     state = train_step(state)  # non-zero Adam moments

@@ -51,22 +51,20 @@ def test_tiny_run_writes_config_metrics_and_checkpoints(spec, tmp_path):
 
 
 def test_resume_after_a_crash_between_saves_is_bit_exact(tmp_path, monkeypatch):
-    # Reference: 8 uninterrupted steps.
-    trainer.train_and_evaluate(
-        _config("configs/base.py:tiny", "train.num_train_steps=8"), tmp_path / "straight"
-    )
-    # Same run, crashing after step 6 (checkpoint at 4): the rerun restores step 4 and replays.
-    config = _config("configs/base.py:tiny", "train.num_train_steps=8")
+    # Reference: 6 uninterrupted steps.
+    config = _config("configs/base.py:tiny", *REVERSE, "train.num_train_steps=6")
+    trainer.train_and_evaluate(config, tmp_path / "straight")
+    # Same run, crashing after step 5 (checkpoint at 4): the rerun restores step 4 and replays.
     original_next = pipeline.BatchIterator.__next__
     calls = {"n": 0}
 
-    def crash_after_six(self):
+    def crash_after_five(self):
         calls["n"] += 1
-        if calls["n"] > 6:
+        if calls["n"] > 5:
             raise KeyboardInterrupt("simulated kill")
         return original_next(self)
 
-    monkeypatch.setattr(pipeline.BatchIterator, "__next__", crash_after_six)
+    monkeypatch.setattr(pipeline.BatchIterator, "__next__", crash_after_five)
     with pytest.raises(KeyboardInterrupt):
         trainer.train_and_evaluate(config, tmp_path / "crashed")
     monkeypatch.setattr(pipeline.BatchIterator, "__next__", original_next)
@@ -77,7 +75,7 @@ def test_resume_after_a_crash_between_saves_is_bit_exact(tmp_path, monkeypatch):
     straight, resumed = _params(tmp_path / "straight"), _params(tmp_path / "crashed")
     jax.tree.map(np.testing.assert_array_equal, straight, resumed)
     last = [logger.read_metrics(tmp_path / run, "train")[-1] for run in ("straight", "crashed")]
-    assert last[0]["loss"] == last[1]["loss"] and last[0]["step"] == last[1]["step"] == 8
+    assert last[0]["loss"] == last[1]["loss"] and last[0]["step"] == last[1]["step"] == 6
 
 
 @pytest.mark.slow
@@ -124,7 +122,9 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monk
         return jax.numpy.where(condition, jax.numpy.nan, 0.0)
 
     monkeypatch.setattr(optim, "make_optimizer", poisoned)
-    config = _config("configs/base.py:tiny", "train.num_train_steps=12", "train.eval_every_steps=0")
+    config = _config(
+        "configs/base.py:tiny", *REVERSE, "train.num_train_steps=8", "train.eval_every_steps=0"
+    )
     with pytest.raises(errors.DivergedError, match="last good checkpoint is step 4"):
         trainer.train_and_evaluate(config, tmp_path)
     assert _restore(tmp_path).step == 4
@@ -132,9 +132,12 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monk
 
 
 def test_a_workdir_from_another_model_is_refused_and_kept(tmp_path):
-    trainer.train_and_evaluate(_config("configs/base.py:tiny", "train.num_train_steps=4"), tmp_path)
+    first = _config("configs/base.py:tiny", *REVERSE, "train.num_train_steps=4")
+    trainer.train_and_evaluate(first, tmp_path)
     before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    other = _config("configs/base.py:tiny", "model.embed_dim=64", "train.num_train_steps=8")
+    other = _config(
+        "configs/base.py:tiny", *REVERSE, "model.embed_dim=64", "train.num_train_steps=8"
+    )
     with pytest.raises(ValueError, match="embed_dim"):
         trainer.train_and_evaluate(other, tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
@@ -144,7 +147,9 @@ def test_a_workdir_from_another_model_is_refused_and_kept(tmp_path):
 def test_a_checkpoint_from_before_a_new_option_resumes_while_the_option_is_off(
     tmp_path, monkeypatch
 ):
-    trainer.train_and_evaluate(_config("configs/base.py:tiny", "train.num_train_steps=4"), tmp_path)
+    trainer.train_and_evaluate(
+        _config("configs/base.py:tiny", *REVERSE, "train.num_train_steps=4"), tmp_path
+    )
     read = checkpointing.Checkpointer.saved_configs
 
     def older(self):  # as written before tfjax had `model.final_dropout`
@@ -154,11 +159,13 @@ def test_a_checkpoint_from_before_a_new_option_resumes_while_the_option_is_off(
         return configs
 
     monkeypatch.setattr(checkpointing.Checkpointer, "saved_configs", older)
-    longer = _config("configs/base.py:tiny", "train.num_train_steps=6")
+    longer = _config("configs/base.py:tiny", *REVERSE, "train.num_train_steps=6")
     trainer.train_and_evaluate(longer, tmp_path)
     assert _restore(tmp_path).step == 6
     with pytest.raises(ValueError, match=r"model\.final_dropout: saved false, now true"):
-        on = _config("configs/base.py:tiny", "train.num_train_steps=8", "model.final_dropout=true")
+        on = _config(
+            "configs/base.py:tiny", *REVERSE, "train.num_train_steps=8", "model.final_dropout=true"
+        )
         trainer.train_and_evaluate(on, tmp_path)
 
 

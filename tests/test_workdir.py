@@ -61,6 +61,19 @@ RUNS = {  # name: (config spec, overrides)
     ),
 }
 KIND_OF = {name: name.split("_")[0] for name in RUNS}  # seq2seq, lm or classify
+# The default suite trains these five (every model kind, every tokenizer kind); the tests on the
+# other four workdirs run in the slow tier.
+DEFAULT_RUNS = ("seq2seq_word", "seq2seq_spm", "lm_word", "lm_char", "classify_spm")
+
+
+def runs(*names: str) -> list:
+    """`names` (default: all of RUNS) as parameters, those outside DEFAULT_RUNS marked slow."""
+    return [
+        name if name in DEFAULT_RUNS else pytest.param(name, marks=pytest.mark.slow)
+        for name in names or RUNS
+    ]
+
+
 LONG_LINE = " ".join(f"s{i % 10}" for i in range(12))  # 12 words; the word model reads 7 (+ EOS)
 
 
@@ -82,7 +95,7 @@ def trained(tmp_path_factory):
 # load: one object per model kind, errors that name the right tool
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", runs())
 def test_load_gives_the_decoder_of_each_kind(trained, name):
     cls = {"seq2seq": workdir.Translator, "lm": workdir.Generator, "classify": workdir.Trained}
     loaded = workdir.load(trained(name))
@@ -155,7 +168,7 @@ def test_translator_encode_truncates_and_warns(trained):
     assert "line 4: yy, zz not in the model's vocabulary" in warnings[2]
 
 
-@pytest.mark.parametrize("name", ["seq2seq_word", "seq2seq_spm", "seq2seq_char"])
+@pytest.mark.parametrize("name", runs("seq2seq_word", "seq2seq_spm", "seq2seq_char"))
 def test_translate_keeps_one_output_per_line(trained, name):
     translator = workdir.load(trained(name))
     limit = translator.config.data.max_source_len - 1
@@ -205,7 +218,7 @@ def test_generator_encode_pads_right_and_warns(trained):
         generator.encode([], 4)
 
 
-@pytest.mark.parametrize("name", ["lm_word", "lm_char", "lm_spm"])
+@pytest.mark.parametrize("name", runs("lm_word", "lm_char", "lm_spm"))
 def test_generate_batches_prompts_of_different_lengths(trained, name):
     generator = workdir.load(trained(name))
     prompts = ["s1 s2 |", "s3 s1 s4 s5 s0 |"]
@@ -281,7 +294,7 @@ def test_evaluate_keeps_one_record_per_length_penalty(trained):
 
 
 @pytest.mark.parametrize(
-    "name", ["lm_word", "lm_char", "lm_spm", "classify", "classify_char", "classify_spm"]
+    "name", runs("lm_word", "lm_char", "lm_spm", "classify", "classify_char", "classify_spm")
 )
 def test_evaluate_teacher_forced_runs(trained, name):
     path = trained(name)
@@ -293,7 +306,7 @@ def test_evaluate_teacher_forced_runs(trained, name):
         evaluator.evaluate_workdir(path, oracle_length=True)
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", runs())
 def test_attention_maps_of_every_model_and_tokenizer_kind(trained, name):
     run = workdir.load(trained(name))
     tokenizer = run.tokenizer
@@ -366,7 +379,7 @@ def test_evaluate_files_refuses_what_it_cannot_score(trained, tmp_path):
         evaluator.evaluate_files(trained("lm_word"), src, ref)
 
 
-@pytest.mark.parametrize("name", ["seq2seq_char", "seq2seq_spm"])
+@pytest.mark.parametrize("name", runs("seq2seq_char", "seq2seq_spm"))
 def test_evaluate_greedy_on_other_tokenizers(trained, name):
     record = evaluator.evaluate_workdir(trained(name), max_examples=4)
     assert record["num_examples"] == 4 and 0.0 <= record["bleu"] <= 100.0
