@@ -11,10 +11,20 @@
     checkpoint and releases the workdir lock on the way out);
   * anything else is a bug: Python's traceback, status 1.
 `--debug` (every entry point has it) prints the traceback of user errors and Ctrl-C too.
+
+Every entry point but the benchmark and the planner (which measure compilation) keeps the XLA
+programs it compiles in JAX's persistent compilation cache, so a rerun, a resume, an evaluate or
+a translate of the same model reads them back instead of compiling again:
+`--compilation_cache_dir` (default `$JAX_COMPILATION_CACHE_DIR`, else
+`$XDG_CACHE_HOME/tfjax/jax`, else `~/.cache/tfjax/jax`), `--nocompilation_cache` to turn it off.
+The cache key covers the program, the devices, the compiler flags and the jax version, so a
+changed config or a new jax compiles again; deleting the folder is always safe.
 """
 
 import functools
 import logging
+import os
+import pathlib
 import re
 import sys
 import traceback
@@ -48,7 +58,13 @@ class UsageError(errors.UserError):
     """
 
 
-def main(entry: Callable, *, config_overrides: bool = False, argv: Sequence[str] | None = None):
+def main(
+    entry: Callable,
+    *,
+    config_overrides: bool = False,
+    compilation_cache: bool = True,
+    argv: Sequence[str] | None = None,
+):
     """Runs `entry(argv)` under absl, with one-line user errors; never returns.
 
     Args:
@@ -56,12 +72,17 @@ def main(entry: Callable, *, config_overrides: bool = False, argv: Sequence[str]
             with `config_overrides` also `overrides=["a.b=value", ...]`.
         config_overrides: take `--config.a.b=value` flags out of argv first
             (`experiments.config_utils.split_config_overrides`) and pass them on.
+        compilation_cache: offer `--compilation_cache[_dir]` and use the persistent
+            compilation cache (see the module docstring); False for tools that time compilation.
         argv: the command line, program name first (default `sys.argv`).
     """
     argv = list(sys.argv if argv is None else argv)
     sys.unraisablehook = _ignore_closed_event_loop(sys.unraisablehook)
     if "debug" not in flags.FLAGS:
         flags.DEFINE_bool("debug", False, "Show the traceback of user errors too.")
+    if compilation_cache:
+        _define_cache_flags()
+        entry = _with_compilation_cache(entry)
     try:
         if config_overrides:
             from experiments import config_utils
@@ -71,6 +92,65 @@ def main(entry: Callable, *, config_overrides: bool = False, argv: Sequence[str]
         app.run(entry, argv=argv, flags_parser=_parse_flags)
     except (Exception, KeyboardInterrupt) as error:
         sys.exit(report(error, debug=_debug(argv)))
+
+
+def _define_cache_flags() -> None:
+    if "compilation_cache" in flags.FLAGS:
+        return
+    flags.DEFINE_bool(
+        "compilation_cache",
+        True,
+        "Keep compiled XLA programs on disk and reuse them in later runs "
+        "(--nocompilation_cache: compile everything again).",
+    )
+    flags.DEFINE_string(
+        "compilation_cache_dir",
+        None,
+        "Folder of the compilation cache (default: $JAX_COMPILATION_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/tfjax/jax, else ~/.cache/tfjax/jax).",
+    )
+
+
+def _with_compilation_cache(entry: Callable) -> Callable:
+    """`entry`, turning the compilation cache on or off (by the flags) before it runs."""
+
+    @functools.wraps(entry)
+    def run(argv, **kwargs):
+        options = flags.FLAGS
+        if options.compilation_cache:
+            use_compilation_cache(options.compilation_cache_dir or default_cache_dir())
+        else:
+            use_compilation_cache(None)
+        return entry(argv, **kwargs)
+
+    return run
+
+
+def default_cache_dir() -> pathlib.Path:
+    """$JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/tfjax/jax, else ~/.cache/tfjax/jax."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return pathlib.Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(base) / "tfjax" / "jax"
+
+
+def use_compilation_cache(directory: str | os.PathLike | None) -> None:
+    """Points JAX's persistent compilation cache at `directory` (None: turns it off).
+
+    Every program is kept, however fast it compiled (JAX's default skips those under a second:
+    in a tiny run that is most of its compile time, hundreds of small programs); the threshold
+    can still be set with $JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS. Sets process-wide JAX
+    configuration; does not start any computation (the allocator tuning may still follow).
+    """
+    import jax
+
+    if directory is None:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    threshold = float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 0))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", threshold)
 
 
 def _ignore_closed_event_loop(hook: Callable) -> Callable:

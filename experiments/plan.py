@@ -104,4 +104,4 @@ def _without_libtpu_notices():
 
 if __name__ == "__main__":
     _define_flags()
-    cli.main(main, config_overrides=True)
+    cli.main(main, config_overrides=True, compilation_cache=False)  # it times compilation

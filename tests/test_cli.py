@@ -306,3 +306,47 @@ def test_the_case_list_has_one_entry_per_name():
     assert len(names) == len(set(names))
     assert {case[1] for case in CASES} == {"train", "translate", "generate", "evaluate", "sweep",
                                            "bench"}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# The persistent compilation cache of the entry points
+
+
+def test_the_cache_folder_follows_jax_then_xdg_then_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))
+    assert cli.default_cache_dir() == tmp_path / "jax"
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cli.default_cache_dir() == tmp_path / "xdg" / "tfjax" / "jax"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cli.default_cache_dir() == tmp_path / "home" / ".cache" / "tfjax" / "jax"
+
+
+def _misses(cache: pathlib.Path, workdir: pathlib.Path, *flags: str) -> int:
+    """Programs the train command compiled with XLA (not read from the cache), fresh workdir."""
+    env = {**os.environ, "JAX_LOG_COMPILES": "1", "JAX_PLATFORMS": "cpu"}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    command = [sys.executable, "-m", "experiments.train", *TINY, f"--workdir={workdir}"]
+    done = subprocess.run(
+        [*command, f"--compilation_cache_dir={cache}", *flags],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # JAX logs "Finished XLA compilation" for a program read from the cache too, with a hit line.
+    compiled = done.stderr.count("Finished XLA compilation of")
+    return compiled - done.stderr.count("Persistent compilation cache hit")
+
+
+@pytest.mark.slow
+def test_a_second_run_compiles_nothing_and_a_changed_config_compiles_again(tmp_path):
+    cache = tmp_path / "cache"
+    assert _misses(cache, tmp_path / "first") > 10  # the step, eval, decoder and small programs
+    assert _misses(cache, tmp_path / "second") == 0
+    assert _misses(cache, tmp_path / "wider", "--config.model.embed_dim=24") > 0
+    assert _misses(cache, tmp_path / "off", "--nocompilation_cache") > 10
+    assert len(list(cache.iterdir())) > 10

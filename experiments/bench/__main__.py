@@ -125,4 +125,4 @@ def main(argv):
 
 if __name__ == "__main__":
     _define_flags()
-    cli.main(main)
+    cli.main(main, compilation_cache=False)  # it times compilation
