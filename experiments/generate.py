@@ -28,6 +28,7 @@ def _generate() -> None:
 
     options = dict(temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p)
     workdir.check_sampling(**options)  # before the slow restore
+    workdir.check_max_length(FLAGS.max_length)
     generator = workdir.load(FLAGS.workdir, kinds=("decoder_only",), tool=TOOL, step=FLAGS.step)
     outputs = generator.generate(
         FLAGS.prompt or [], max_length=FLAGS.max_length, seed=FLAGS.seed, **options

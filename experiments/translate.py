@@ -10,12 +10,13 @@ Prints one output line per input line, in order, on stdout; warnings go to stder
 longer than the model reads (`data.max_source_len` tokens with EOS) is truncated, with a warning
 naming the line (refusing the whole input would lose every other line over one long one); an
 empty line gives an empty output line; words outside the vocabulary read as <unk>, reported for
-the first such line. Works for every tokenizer kind (word, char, SentencePiece). A workdir
+the first such line; when most translations come out empty, a warning gives their count.
+Input that is not UTF-8 stops with its line, column and byte (`<stdin>:2: byte 0xc3 at column
+1 is not UTF-8; ...`). Works for every tokenizer kind (word, char, SentencePiece). A workdir
 without a trained run, or with a model that is not an encoder-decoder, stops with an error
 saying what to run instead. The work is done by `tfjax.runs.workdir.Translator`.
 """
 
-import pathlib
 import sys
 
 from absl import flags
@@ -27,19 +28,19 @@ TOOL = "experiments.translate"
 
 
 def _read_lines(path: str | None) -> list[str]:
+    """The lines of `path`, or of stdin; bytes that are not UTF-8 stop with their line."""
+    from tfjax.data import sources
     from tfjax.runs import workdir
 
     if path is None:
-        return sys.stdin.read().splitlines()
-    file = pathlib.Path(path)
-    if not file.is_file():
-        raise workdir.WorkdirError(f"--input={path}: no such file")
-    return file.read_text(encoding="utf-8").splitlines()
+        return sources.decode_utf8(sys.stdin.buffer.read(), "<stdin>").splitlines()
+    return workdir.read_lines(path, "--input")
 
 
 def _translate() -> None:
     from tfjax.runs import workdir
 
+    workdir.check_max_length(FLAGS.max_length)
     workdir.load_config(FLAGS.workdir, kinds=("encoder_decoder",), tool=TOOL)  # fail fast
     lines = _read_lines(FLAGS.input)  # before the slow restore: fail fast on a bad path
     translator = workdir.load(FLAGS.workdir, kinds=("encoder_decoder",), tool=TOOL, step=FLAGS.step)

@@ -15,6 +15,7 @@ import sys
 import types
 
 import pytest
+import tiny_runs
 from absl import flags
 from tiny_runs import REVERSE
 
@@ -181,17 +182,7 @@ def paths(tmp_path_factory):
 
 
 def _run(module: str, args: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)  # one CPU device, as on a user's machine
-    return subprocess.run(
-        [sys.executable, "-m", f"experiments.{module}", *args],
-        cwd=ROOT,
-        env=env,
-        input="",
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return tiny_runs.command(module, *args)
 
 
 # (id, module, arguments with {placeholders} from `paths`, words the message must hold,

@@ -10,14 +10,12 @@ that start `python -m experiments.*` subprocesses are marked slow.
 
 import functools
 import json
-import os
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+import tiny_runs
 from tiny_runs import REVERSE
 
 from experiments import config_utils
@@ -414,18 +412,7 @@ def test_evaluate_errors(trained):
 # The commands in subprocesses (slow).
 
 
-def _command(module: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)  # one CPU device, as on a user's machine
-    return subprocess.run(
-        [sys.executable, "-m", f"experiments.{module}", *args],
-        cwd=ROOT,
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+_command = tiny_runs.command
 
 
 @pytest.mark.slow

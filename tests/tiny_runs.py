@@ -1,4 +1,11 @@
-"""Config overrides shared by the tests that train whole runs in seconds."""
+"""Config overrides and a command runner shared by the tests that train whole runs."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # The `reverse` task on 64 short examples: a run that trains 2 steps and evaluates in seconds.
 REVERSE = (
@@ -10,3 +17,19 @@ REVERSE = (
     "data.max_source_len=8",
     "data.max_target_len=8",
 )
+
+
+def command(module: str, *args: str, stdin: str | bytes = "") -> subprocess.CompletedProcess:
+    """`python -m experiments.<module> args` on one CPU device, as on a user's machine; text
+    output unless `stdin` is bytes."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)  # the suite's simulated devices are not what a user has
+    return subprocess.run(
+        [sys.executable, "-m", f"experiments.{module}", *args],
+        cwd=ROOT,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=isinstance(stdin, str),
+        timeout=600,
+    )

@@ -60,15 +60,21 @@ def _read_bytes(path: str | os.PathLike) -> bytes:
     return path.read_bytes()
 
 
-def _decode(raw: bytes, path: str | os.PathLike) -> str:
+def decode_utf8(raw: bytes, name: str | os.PathLike) -> str:
+    """`raw` decoded as UTF-8; `name` (a path, or e.g. "<stdin>") is named in the error.
+
+    Raises:
+        tfjax.errors.DataError: `name:line: byte 0x.. at column N is not UTF-8` for the first
+            undecodable byte (line and column 1-based), with how to re-encode the text.
+    """
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw.count(b"\n", 0, err.start) + 1
         column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
         raise errors.DataError(
-            f"{path}:{line}: byte {raw[err.start]:#04x} at column {column} is not UTF-8; "
-            "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+            f"{name}:{line}: byte {raw[err.start]:#04x} at column {column} is not UTF-8; "
+            "re-encode the text as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
         ) from None
 
 
@@ -79,7 +85,7 @@ def read_text(path: str | os.PathLike) -> str:
         FileNotFoundError: if the file is missing.
         ValueError: for undecodable bytes (file, line and column named) or an empty file.
     """
-    text = _decode(_read_bytes(path), path)
+    text = decode_utf8(_read_bytes(path), path)
     if not text.strip():
         raise errors.DataError(f"{path} is empty: a split needs at least one example")
     return text

@@ -16,6 +16,7 @@ reshaped to the tfjax shape, e.g. [D, 3 N H] -> [D, 3N, H] (q heads, then k, the
 import dataclasses
 import json
 import logging
+import os
 import pathlib
 import re
 from collections.abc import Iterable
@@ -50,7 +51,7 @@ class Entry:
     layout: str = "same"
 
 
-def read_config(directory: pathlib.Path) -> dict:
+def read_config(directory: str | os.PathLike) -> dict:
     """The directory's `config.json` as a dict.
 
     Raises:
@@ -83,6 +84,7 @@ def read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
     Raises:
         FileNotFoundError: when the directory has no weights file.
         tfjax.errors.DependencyError: for a file whose reader (safetensors, torch) is missing.
+        ConversionError: for a weights file that is damaged or cut short (named).
     """
     directory = pathlib.Path(directory)
     if (directory / SAFETENSORS_INDEX).is_file():
@@ -99,9 +101,12 @@ def read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
 
 
 def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
+    safetensors = _import("safetensors", "safetensors", path)
     safetensors_numpy = _import("safetensors.numpy", "safetensors", path)
     try:
         tensors = safetensors_numpy.load_file(str(path))
+    except safetensors.SafetensorError as err:  # e.g. "incomplete metadata": cut short
+        raise _damaged(path, err) from err
     except (TypeError, ValueError):  # numpy has no bfloat16: torch reads those files
         safetensors_torch = _import("safetensors.torch", "torch for bfloat16 weights", path)
         tensors = {k: v.float().numpy() for k, v in safetensors_torch.load_file(str(path)).items()}
@@ -110,8 +115,20 @@ def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
 
 def _read_torch(path: pathlib.Path) -> dict[str, np.ndarray]:
     torch = _import("torch", "torch", path)
-    state = torch.load(str(path), map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except (EOFError, OSError, RuntimeError) as err:  # what a cut-short zip archive raises
+        raise _damaged(path, err) from err
     return {name: tensor.float().numpy() for name, tensor in state.items()}
+
+
+def _damaged(path: pathlib.Path, error: BaseException) -> ConversionError:
+    """The error for a weights file its reader cannot parse, with the reader's first line."""
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    return ConversionError(
+        f"{path} is damaged or incomplete ({reason}): download it again (a download that "
+        "stopped early leaves such a file)"
+    )
 
 
 def _import(module: str, what: str, path: pathlib.Path):

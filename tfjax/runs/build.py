@@ -82,11 +82,42 @@ def layout_conversion(model_config: models.ModelConfig) -> checkpointing.Convert
 
 
 def load_config_json(path: str | os.PathLike) -> ml_collections.ConfigDict:
-    """A run's resolved config as written to `workdir/config.json` before step 0, locked."""
+    """A run's resolved config as written to `workdir/config.json` before step 0, locked.
+
+    Every reader of a workdir's config.json comes here (the decoding tools, `experiments.train
+    --config=W/config.json`, `train.init_from`, sweeps).
+
+    Raises:
+        FileNotFoundError: for a missing file.
+        tfjax.errors.ConfigError: for a file that is not a JSON object (damaged, cut short or
+            mistyped), with the way to repair it.
+    """
     path = pathlib.Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {path.parent} a tfjax workdir?")
-    return load_config_dict(json.loads(path.read_text(encoding="utf-8")))
+    try:
+        tree = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # json.JSONDecodeError or UnicodeDecodeError
+        raise errors.ConfigError(f"{path} is not valid JSON: {err}; {_repair(path)}") from err
+    if not isinstance(tree, dict):
+        raise errors.ConfigError(f"{path} is not a JSON object of config groups; {_repair(path)}")
+    return load_config_dict(tree)
+
+
+def saved_steps(workdir: str | os.PathLike) -> list[int]:
+    """The steps of the workdir's checkpoint directories, ascending (damaged ones included;
+    those moved aside as `<step>.corrupt` not), without opening them."""
+    directory = pathlib.Path(workdir) / "checkpoints"
+    return sorted(int(p.name) for p in directory.glob("*") if p.name.isdigit() and p.is_dir())
+
+
+def _repair(path: pathlib.Path) -> str:
+    """How to repair a damaged config.json: from the copy its newest checkpoint keeps."""
+    for step in reversed(saved_steps(path.parent)):
+        copy = path.parent / "checkpoints" / str(step) / checkpointing.CONFIG_COPY
+        if copy.is_file():
+            return f"each checkpoint keeps a copy of it: cp {copy} {path}"
+    return "repair it by hand (it holds the run's resolved config)"
 
 
 def load_config_dict(tree: dict) -> ml_collections.ConfigDict:

@@ -127,14 +127,15 @@ def _check_options(
 
 
 def _decoded_scores(trained, name: str, **options) -> dict[str, Any]:
-    """Decodes the split, writes the hypotheses file and scores it (BLEU, chrF, exact match)."""
+    """Decodes the split, writes the hypotheses file and scores it (BLEU, chrF, exact match);
+    `warnings` when most hypotheses are empty (`workdir.empty_outputs`)."""
     from tfjax.inference import evaluation
 
     hypotheses, references, _ = evaluation.decode_dataset(trained.run, trained.params, **options)
     path = trained.workdir / "eval" / f"{name}.hyp.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(f"{line}\n" for line in hypotheses), encoding="utf-8")
-    return {
+    scores = {
         "num_examples": len(hypotheses),
         "bleu": evaluation.bleu(hypotheses, references),
         "chrf": evaluation.chrf(hypotheses, references),
@@ -143,6 +144,8 @@ def _decoded_scores(trained, name: str, **options) -> dict[str, Any]:
         "chrf_signature": evaluation.chrf_signature(),
         "hypotheses": str(path.relative_to(trained.workdir)),
     }
+    warnings = workdir_lib.empty_outputs(hypotheses)  # a model that stops at once
+    return {**scores, "warnings": warnings} if warnings else scores
 
 
 def _sampled_windows(trained, count: int) -> dict[str, Any]:
@@ -242,16 +245,6 @@ def _decoding_suffix(beam_size: int, alpha: float) -> str:
     return f"_beam{beam_size}" + (f"_alpha{alpha:g}" if beam_size > 1 else "")
 
 
-def _read_lines(path: str | pathlib.Path, what: str) -> list[str]:
-    """The lines of a text file without their line ends; a one-line error if it is missing."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise workdir_lib.WorkdirError(
-            f"{what}={path}: no such file" + (" (it is a directory)" if path.is_dir() else "")
-        )
-    return path.read_text(encoding="utf-8").splitlines()
-
-
 def evaluate_files(
     workdir: str | pathlib.Path,
     source_file: str | pathlib.Path,
@@ -276,10 +269,11 @@ def evaluate_files(
     Raises:
         WorkdirError: for a missing file, files of different lengths, no lines, invalid
             options, or a workdir without a trained encoder-decoder.
+        tfjax.errors.DataError: for bytes that are not UTF-8 (file, line and column named).
     """
     _check_options(beam_size, alpha, max_examples, batch_size)
-    sources = _read_lines(source_file, "source_file")
-    references = _read_lines(reference_file, "reference_file")
+    sources = workdir_lib.read_lines(source_file, "source_file")
+    references = workdir_lib.read_lines(reference_file, "reference_file")
     if len(sources) != len(references):
         raise workdir_lib.WorkdirError(
             f"source_file has {len(sources)} lines but reference_file has {len(references)}: "

@@ -3,10 +3,13 @@
 One code path from a laptop CPU to a TPU pod (STYLE.md §9). The run is resumable: rerunning with
 the same workdir restores the latest good checkpoint (state, dropout key, data-iterator position)
 and continues with exactly the batches that would have come next. SIGTERM (preemption) saves a
-checkpoint and returns. A non-finite loss stops the run (`tfjax.errors.DivergedError`) before
-anything is saved over the last good checkpoint. One run at a time: the workdir is locked
-(`tfjax.runs.lock`). A new run with `train.init_from` starts from the parameters of another
-workdir or of a Hugging Face checkpoint (`tfjax.runs.pretrained`), with fresh optimizer moments.
+checkpoint and returns; before the first step (while the run is built, restored and compiled) it
+returns at once, saving nothing, with a warning that says so. A workdir whose config.json is
+damaged is not resumed while checkpoints depend on it (the error says how to repair it). A
+non-finite loss stops the run (`tfjax.errors.DivergedError`) before anything is saved over the
+last good checkpoint. One run at a time: the workdir is locked (`tfjax.runs.lock`). A new run
+with `train.init_from` starts from the parameters of another workdir or of a Hugging Face
+checkpoint (`tfjax.runs.pretrained`), with fresh optimizer moments.
 
 Multi-process runs (`tfjax.parallel.distributed`) take the same road in every process: each
 feeds its rows of every global batch, and all of them save and restore the checkpoints (orbax
@@ -87,15 +90,27 @@ def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path
     return restored.state, restored.rng, restored.step
 
 
+class Terminated(BaseException):
+    """SIGTERM before the training loop started (see `Preemption`).
+
+    A BaseException, as KeyboardInterrupt is, so that no `except Exception` on its way (a
+    checkpoint read that may fail) takes it for an error of its own.
+    """
+
+
 class Preemption:
     """Turns SIGTERM into a flag the loop checks after every step (`check`).
 
     One process: a signal handler sets it (main thread only). Several: JAX's preemption service
     catches the SIGTERM of any process and `check` turns True in all of them at the same step.
+    With `early=True` the handler goes in before the loop, while the run is built, restored and
+    compiled: until `start()`, a SIGTERM raises `Terminated` at once (nothing is being saved
+    then), and `release()` gives SIGTERM back once the loop is over.
     """
 
-    def __init__(self):
+    def __init__(self, *, early: bool = False):
         self.requested = False
+        self.started = not early
         self._previous = None
         self._agreed = jax.process_count() > 1
 
@@ -113,13 +128,24 @@ class Preemption:
             self.requested = True
         return self.requested
 
+    def start(self) -> None:
+        """The loop begins: from now on a SIGTERM saves a checkpoint and stops."""
+        self.started = True
+
     def _handle(self, signum, frame):
+        if not self.started:
+            raise Terminated
         log.warning("SIGTERM received: saving a checkpoint and stopping")
         self.requested = True
 
-    def __exit__(self, *exc):
+    def release(self) -> None:
+        """Gives SIGTERM back to the handler it had before `__enter__` (once)."""
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+    def __exit__(self, *exc):
+        self.release()
 
 
 def _check_finite(sums: dict[str, float], step: int, checkpointer) -> None:
@@ -241,17 +267,51 @@ def train_and_evaluate(
     """Trains `config` in `workdir` (resuming from its checkpoints); returns final eval metrics.
 
     The workdir is locked for the whole run (`tfjax.runs.lock`): a second run on it, in this
-    process or another, raises `WorkdirLockedError` before writing anything.
+    process or another, raises `WorkdirLockedError` before writing anything. A SIGTERM stops
+    the run: in the loop after saving a checkpoint, before it at once; either way the result
+    is {} and a warning says where the run stopped.
 
     Raises:
         tfjax.errors.UserError: for what the user can fix: a config value, a data file, a
-            workdir that is a file or in use, incompatible checkpoints, a diverged loss.
+            workdir that is a file or in use, a damaged config.json next to checkpoints,
+            incompatible checkpoints, a diverged loss.
     """
     build.check_config(config)  # a bad value stops the run before the workdir is touched
     strategies.host_batch_size(config.train.global_batch_size)  # divides over the devices?
     workdir = make_workdir(pathlib.Path(workdir))
-    with lock.held(workdir):  # before the first write: `build` saves the tokenizer
-        return _train_and_evaluate(config, workdir)
+    try:
+        with Preemption(early=True) as preemption, lock.held(workdir):  # lock: before writing
+            return _train_and_evaluate(config, workdir, preemption)
+    except Terminated:
+        log.warning("stopped by SIGTERM before the first step: %s", _nothing_saved(workdir))
+        return {}
+
+
+def _nothing_saved(workdir: pathlib.Path) -> str:
+    """What a run stopped before its first step leaves, and how to go on."""
+    steps = build.saved_steps(workdir)
+    if not steps:
+        return "no checkpoint was saved; rerun the same command to start"
+    return (
+        f"nothing new was saved (the newest checkpoint is still step {steps[-1]}); rerun the "
+        "same command to resume"
+    )
+
+
+def _check_config_json(workdir: pathlib.Path) -> None:
+    """Refuses to write over a damaged config.json that checkpoints depend on (the message says
+    how to repair it); warns before writing over one that none do."""
+    path = workdir / "config.json"
+    if not path.is_file():
+        return
+    try:
+        build.load_config_json(path)
+    except errors.ConfigError as err:
+        if build.saved_steps(workdir):
+            raise errors.WorkdirError(
+                f"not resuming {workdir}, which holds checkpoints: {err}; then rerun"
+            ) from err
+        log.warning("%s is damaged and no checkpoint needs it: this run writes over it", path)
 
 
 def make_workdir(workdir: pathlib.Path) -> pathlib.Path:
@@ -273,8 +333,9 @@ def make_workdir(workdir: pathlib.Path) -> pathlib.Path:
     return workdir
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path):
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path, preemption):
     chief = jax.process_index() == 0
+    _check_config_json(workdir)
     if config.train.init_from and chief:  # the tokenizer of a pretrained model, before `build`
         pretrained.prepare_workdir(config, workdir)
     run = build.build(config, workdir)
@@ -288,8 +349,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
             (workdir / "config.json").write_text(json.dumps(build.config_dict(config), indent=2))
         loop = _Loop(run, iterator, writer, checkpointer, rng, step=start)
         with _peers_watched(loop):
-            with Preemption() as preemption:
-                state, step, pending = loop.train(state, start, preemption, chief=chief)
+            preemption.start()
+            state, step, pending = loop.train(state, start, preemption, chief=chief)
+            preemption.release()  # a SIGTERM in the final save and evaluation ends the process
             if preemption.requested:
                 log.warning("stopped at step %d by SIGTERM; rerun the same command to resume", step)
                 writer.close()

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from tfjax import errors
-from tfjax.data import datasets, tokenizers
+from tfjax.data import datasets, sources, tokenizers
 from tfjax.inference import attention_maps, decoding, evaluation
 from tfjax.runs import build
 
@@ -45,6 +45,8 @@ TOOLS = {
 # A request a workdir cannot serve (a `tfjax.errors.UserError`, and a ValueError); defined in
 # `tfjax.errors` so that the training side (`tfjax.runs.lock`) raises the same class.
 WorkdirError = errors.WorkdirError
+# Warn (`empty_outputs`) when more than this share of the decoded outputs is empty.
+EMPTY_SHARE = 0.5
 
 
 def _train_hint(workdir: pathlib.Path, kind: str) -> str:
@@ -140,10 +142,12 @@ class Trained:
         length `data.max_target_len`. A checkpoint's max_length is capped at the trained
         length (OPUS-MT's 511 would size the cache for nothing; pass max_length for more)."""
         defaults, trained = self.decoding, self.config.data.max_target_len
+        if max_length is None:  # 0 stays 0: `check_length` refuses it as it does -5
+            max_length = min(defaults.get("max_length", trained), trained)
         return {
             "beam_size": defaults.get("beam_size", 4) if beam_size is None else beam_size,
             "alpha": defaults.get("alpha", 0.6) if alpha is None else alpha,
-            "max_length": max_length or min(defaults.get("max_length", trained), trained),
+            "max_length": max_length,
             "search": {k: v for k, v in defaults.items() if k in evaluation.SEARCH_OPTIONS},
         }
 
@@ -284,13 +288,49 @@ class Translator(Trained):
         )
 
     def translate(self, lines: Sequence[str], **options) -> tuple[list[str], list[str]]:
-        """One output per line, in order ("" for a blank line), and the warnings of `encode`.
+        """One output per line, in order ("" for a blank line), and the warnings of `encode`
+        (and one of `empty_outputs` when most translations are empty).
 
         `options` are those of `decode`.
         """
         encoded, warnings = self.encode(lines)
-        decoded = iter(self.decode([ids for ids in encoded if ids is not None], **options))
+        decoded = self.decode([ids for ids in encoded if ids is not None], **options)
+        warnings += empty_outputs(decoded)
+        decoded = iter(decoded)
         return ["" if ids is None else next(decoded) for ids in encoded], warnings
+
+
+def empty_outputs(outputs: Sequence[str]) -> list[str]:
+    """One warning, with the count, when most decoded `outputs` are empty; else none."""
+    empty = sum(not text.strip() for text in outputs)
+    if not outputs or empty <= EMPTY_SHARE * len(outputs):
+        return []
+    return [
+        f"{empty} of {len(outputs)} translations are empty: the model may be undertrained "
+        "(train it longer, or check --step)"
+    ]
+
+
+def check_max_length(max_length: int | None) -> None:
+    """Raises WorkdirError for a max_length below 1 (None: the run's default), as `decode`
+    and `generate` do; the tools call it before the slow restore."""
+    if max_length is not None and max_length < 1:
+        raise WorkdirError(f"max_length={max_length}: max_length must be >= 1, got {max_length}")
+
+
+def read_lines(path: str | pathlib.Path, what: str) -> list[str]:
+    """The lines of the UTF-8 text file given as option `what` (e.g. "--input"), without ends.
+
+    Raises:
+        WorkdirError: for a missing file or a directory.
+        tfjax.errors.DataError: for bytes that are not UTF-8 (`path:line`, byte and column).
+    """
+    path = pathlib.Path(path)
+    if path.is_dir():
+        raise WorkdirError(f"{what}={path} is a directory, not a text file: pass a file")
+    if not path.is_file():
+        raise WorkdirError(f"{what}={path}: no such file")
+    return sources.decode_utf8(path.read_bytes(), path).splitlines()
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
@@ -408,7 +448,7 @@ class Generator(Trained):
         """
         check_sampling(temperature, top_k, top_p)
         trained = self.config.data.max_target_len
-        length = max_length or trained
+        length = trained if max_length is None else max_length
         cached_length = min(length, trained)  # past it, a window of the trained length slides
         self.check_length(cached_length)
         tokens, lengths, warnings = self.encode(

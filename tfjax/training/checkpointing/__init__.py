@@ -20,6 +20,7 @@ one. Warnings go to the logger of this package's name (and its children).
 """
 
 from tfjax.training.checkpointing.compat import check_compatible
+from tfjax.training.checkpointing.layout import CONFIG_COPY
 from tfjax.training.checkpointing.manager import Checkpointer
 from tfjax.training.checkpointing.restoring import (
     CheckpointRestoreError,
@@ -29,6 +30,7 @@ from tfjax.training.checkpointing.restoring import (
 )
 
 __all__ = [
+    "CONFIG_COPY",
     "CheckpointRestoreError",
     "Checkpointer",
     "Conversion",

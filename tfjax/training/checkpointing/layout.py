@@ -21,6 +21,10 @@ from tfjax.training.checkpointing import checksums
 # without it was never finished.
 COMMIT_MARKER = "commit_success.txt"
 JSON_ITEMS = ("rng", "data_state", "config", "checksums")
+# orbax's JsonSave keeps each JSON item in `<step>/<item>/JSON_FILE`; the `config` item's is a
+# copy of the run's config.json (the same JSON, unindented).
+JSON_FILE = "metadata"
+CONFIG_COPY = f"config/{JSON_FILE}"
 
 
 def save_args(state: Any, *, rng: jax.Array, data_state: dict, config: dict) -> ocp.args.Composite:

@@ -8,8 +8,10 @@ hides them and may later save over their numbers, after `make_room` has renamed 
 """
 
 import dataclasses
+import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -113,6 +115,7 @@ def restore_step(
         raise FileNotFoundError(
             f"{directory / str(step)} has no {layout.COMMIT_MARKER}: its save never finished"
         )
+    _check_json_items(directory / str(step))
     conversion = None
     if convert is not None:
         conversion = convert(manager.restore(step, args=layout.config_args()).config)
@@ -130,6 +133,19 @@ def restore_step(
         data_state=items.data_state,
         config=items.config,
     )
+
+
+def _check_json_items(step_dir: epath.Path) -> None:
+    """Raises ValueError naming the first JSON item file of the step that does not parse
+    (orbax's own error names neither the item nor the file); missing ones are orbax's to report."""
+    for name in layout.JSON_ITEMS:
+        path = step_dir / name / layout.JSON_FILE
+        if not path.exists():
+            continue
+        try:
+            json.loads(path.read_text())
+        except ValueError as err:
+            raise ValueError(f"file {path} is damaged or cut short (not JSON: {err})") from err
 
 
 def restore_first_good(
@@ -164,7 +180,7 @@ def restore_first_good(
         try:
             return restore_step(manager, directory, candidate, abstract_state, convert)
         except Exception as e:  # orbax and tensorstore raise many types; any means unusable
-            failures.append(f"step {candidate}: {_first_line(e)}")
+            failures.append(f"step {candidate}: {_reason(e)}")
             damaged.add(candidate)
             _quiet_damaged_reads.paths.add(os.path.join(str(directory), str(candidate), ""))
             asyncio_log = logging.getLogger("asyncio")
@@ -261,6 +277,49 @@ def _restore_error(directory: epath.Path, failures: list[str]) -> CheckpointRest
     )
 
 
+# What tensorstore and orbax append to a failed read: the whole spec of the store, or the repr
+# of a bound method ("See full TensorStore details: <bound method ...spec of TensorStore({...")).
+_SPEC_DUMP = re.compile(r"\s*(See full TensorStore details:|\[tensorstore_spec).*", re.DOTALL)
+_LOCAL_FILE = re.compile(r'local file "([^"]+)"')
+_ARRAY = re.compile(r'Error reading "([^"/]+)')  # "params.dense.kernel/0.0": array, chunk
+_STATUS = re.compile(r"[A-Z_]+(?=: )")  # DATA_LOSS, OUT_OF_RANGE, ...
+
+
+def _reason(error: BaseException) -> str:
+    """Why a step could not be restored, on one line and without the spec dumps.
+
+    For a file tensorstore could not read (`error` or an error it was raised from): the array,
+    the file (the innermost one named) and tensorstore's cause; else the error's first line.
+    """
+    for cause in _chain(error):
+        text = _SPEC_DUMP.sub("", str(cause)).strip()
+        files = _LOCAL_FILE.findall(text)
+        if files:
+            return _unreadable(text, files[-1])
+    return _first_line(error)
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """`error` and the errors it was raised from or while handling, outermost first."""
+    chain = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain
+
+
+def _unreadable(text: str, path: str) -> str:
+    """E.g. "array params.dense.kernel: a file under .../2/state/ is damaged or cut short
+    (OUT_OF_RANGE: Requested byte range [0, 15151) is not valid for value of size 7876)"."""
+    array, status = _ARRAY.search(text), _STATUS.match(text)
+    cause = text.rpartition(f'local file "{path}"')[2].lstrip(": ")[:200] or text[:200]
+    if status:
+        cause = f"{status.group(0)}: {cause}"
+    where = f"a file under {path}" if path.endswith("/") else f"file {path}"
+    what = f"array {array.group(1)}: " if array else ""
+    return f"{what}{where} is damaged or cut short ({cause})"
+
+
 def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
+    text = _SPEC_DUMP.sub("", str(error)).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
