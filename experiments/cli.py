@@ -12,6 +12,13 @@
   * anything else is a bug: Python's traceback, status 1.
 `--debug` (every entry point has it) prints the traceback of user errors and Ctrl-C too.
 
+Console output: log records reach stderr as plain lines, `HH:MM:SS message` (INFO),
+`warning: message` and `error: message`, written through tqdm when it is loaded so that a live
+progress bar is redrawn below them. absl's full format (`I1128 02:36:34.955592 1396... file.py:42]
+message`) stays where a line's origin matters: `--verbose` (every entry point has it; it also lets
+the libraries log at INFO), `--logtostderr`/`--alsologtostderr`, and the log file that
+`--log_dir=DIR` writes (absl's `<program>.INFO` files; the console stays plain beside it).
+
 Every entry point but the benchmark and the planner (which measure compilation) keeps the XLA
 programs it compiles in JAX's persistent compilation cache, so a rerun, a resume, an evaluate or
 a translate of the same model reads them back instead of compiling again:
@@ -80,9 +87,17 @@ def main(
     sys.unraisablehook = _ignore_closed_event_loop(sys.unraisablehook)
     if "debug" not in flags.FLAGS:
         flags.DEFINE_bool("debug", False, "Show the traceback of user errors too.")
+    if "verbose" not in flags.FLAGS:
+        flags.DEFINE_bool(
+            "verbose",
+            False,
+            "Log in absl's full format (level, date, time, thread, file:line) and let the "
+            "libraries log at INFO too.",
+        )
     if compilation_cache:
         _define_cache_flags()
         entry = _with_compilation_cache(entry)
+    entry = _with_console_logs(entry)
     try:
         if config_overrides:
             from experiments import config_utils
@@ -92,6 +107,83 @@ def main(
         app.run(entry, argv=argv, flags_parser=_parse_flags)
     except (Exception, KeyboardInterrupt) as error:
         sys.exit(report(error, debug=_debug(argv)))
+
+
+def _with_console_logs(entry: Callable) -> Callable:
+    """`entry`, with the console's log format set by the parsed flags before it runs."""
+
+    @functools.wraps(entry)
+    def run(argv, **kwargs):
+        options = flags.FLAGS
+        log_file = options["log_dir"].present and bool(options.log_dir)
+        if log_file:
+            pathlib.Path(options.log_dir).mkdir(parents=True, exist_ok=True)
+            if options.verbose:
+                options.alsologtostderr = True  # absl's own "file and stderr"
+            absl_logging.get_absl_handler().use_absl_log_file()  # absl's format, in log_dir
+        plain = not (options.verbose or options.logtostderr or options.alsologtostderr)
+        console_logs(plain=plain, keep_absl=log_file)
+        return entry(argv, **kwargs)
+
+    return run
+
+
+class ConsoleFormatter(logging.Formatter):
+    """A record as one plain console line: `HH:MM:SS message` (INFO and below, local time),
+    `warning: message`, `error: message` (ERROR and above); a traceback follows if any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if record.levelno >= logging.ERROR:
+            return f"error: {text}"
+        if record.levelno >= logging.WARNING:
+            return f"warning: {text}"
+        return f"{self.formatTime(record, '%H:%M:%S')} {text}"
+
+
+class ConsoleHandler(logging.Handler):
+    """Writes `ConsoleFormatter` lines to the current `sys.stderr`.
+
+    Looks `sys.stderr` up at each record (tests and notebooks swap it). Once tqdm is imported
+    (a `Progress` bar may be live) lines go through `tqdm.write`, which clears the bar, writes
+    the line and draws the bar again below it.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.setFormatter(ConsoleFormatter())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line, stream = self.format(record), sys.stderr
+            bars = sys.modules.get("tqdm")
+            if bars is not None and hasattr(bars, "tqdm"):
+                bars.tqdm.write(line, file=stream)
+            else:
+                stream.write(line + "\n")
+            stream.flush()
+        except Exception:
+            self.handleError(record)
+
+
+def console_logs(*, plain: bool = True, keep_absl: bool = False) -> None:
+    """Sets how the root logger's records reach the console (called once flags are parsed).
+
+    Args:
+        plain: a `ConsoleHandler` on stderr; False: absl's handler alone (full format).
+        keep_absl: keep absl's handler beside the plain one (it writes the `--log_dir` file);
+            otherwise it leaves the root logger, or every line would show twice.
+    Calling it again replaces what an earlier call set.
+    """
+    root, absl_handler = logging.getLogger(), absl_logging.get_absl_handler()
+    for handler in [h for h in root.handlers if isinstance(h, ConsoleHandler)]:
+        root.removeHandler(handler)
+    if plain and not keep_absl:
+        root.removeHandler(absl_handler)
+    elif absl_handler not in root.handlers:
+        root.addHandler(absl_handler)
+    if plain:
+        root.addHandler(ConsoleHandler())
 
 
 def _define_cache_flags() -> None:
@@ -228,8 +320,13 @@ def message(error: BaseException) -> str:
 
 
 def quiet_logs() -> None:
-    """Keeps orbax (which logs every file it reads or writes at INFO) quiet, tfjax at INFO."""
-    absl_logging.set_verbosity(absl_logging.WARNING)
+    """Keeps orbax (which logs every file it reads or writes at INFO) quiet, tfjax at INFO;
+    with `--verbose` every library logs at INFO."""
+    options = flags.FLAGS
+    verbose = "verbose" in options and options.is_parsed() and options.verbose
+    absl_logging.set_verbosity(absl_logging.INFO if verbose else absl_logging.WARNING)
+    # absl sets the root logger's level only while its handler is the root's; not on a console
+    logging.getLogger().setLevel(logging.INFO if verbose else logging.WARNING)
     logging.getLogger("tfjax").setLevel(logging.INFO)
 
 

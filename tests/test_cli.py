@@ -6,17 +6,22 @@ each): train, translate, generate, evaluate, sweep and bench.
 """
 
 import hashlib
+import io
 import json
+import logging
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
+import time
 import types
 
 import pytest
 import tiny_runs
 from absl import flags
+from absl import logging as absl_logging
 from tiny_runs import REVERSE
 
 from experiments import cli, config_utils
@@ -25,6 +30,9 @@ from tfjax.runs import lock, trainer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--config=configs/base.py:tiny", *(f"--config.{o}" for o in REVERSE)]
+# absl's prefix: level, date, time, thread id, file:line (`I1128 02:36:34.955592 1396 f.py:3]`).
+ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]")
+PLAIN_LINE = re.compile(r"^\d\d:\d\d:\d\d \S")  # the console's INFO line: local time, message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,8 +283,8 @@ def test_a_user_error_is_one_line_with_status_2(paths, name, module, args, words
         assert word.format(**fill) in lines[-1], lines[-1]
     if early:
         assert len(lines) == 1, done.stderr
-    else:  # the lines before the error are the run's own log (absl format) or warnings
-        assert all(line[:1] in "IWE" or line.startswith("warning: ") for line in lines[:-1])
+    else:  # the lines before the error are the run's own log (plain lines) or warnings
+        assert all(PLAIN_LINE.match(line) or line.startswith("warning: ") for line in lines[:-1])
     assert {key: _digest(paths[key]) for key in before} == before  # nothing saved is lost
 
 
@@ -341,3 +349,128 @@ def test_a_second_run_compiles_nothing_and_a_changed_config_compiles_again(tmp_p
     assert _misses(cache, tmp_path / "wider", "--config.model.embed_dim=24") > 0
     assert _misses(cache, tmp_path / "off", "--nocompilation_cache") > 10
     assert len(list(cache.iterdir())) > 10
+
+
+# ---------------------------------------------------------------------------------------------
+# Console output: plain lines, absl's format for --verbose and --log_dir
+
+
+def _record(level: int, message: str) -> logging.LogRecord:
+    record = logging.LogRecord("tfjax.x", level, __file__, 1, message, None, None)
+    record.created = time.mktime((2026, 11, 28, 2, 36, 34, 0, 0, -1))  # local time
+    return record
+
+
+def test_console_lines_are_time_and_message_or_a_level_word():
+    formatter = cli.ConsoleFormatter()
+    assert formatter.format(_record(logging.INFO, "step 100/2000 loss 1.055")) == (
+        "02:36:34 step 100/2000 loss 1.055"
+    )
+    assert formatter.format(_record(logging.DEBUG, "detail")) == "02:36:34 detail"
+    assert formatter.format(_record(logging.WARNING, "odd")) == "warning: odd"
+    assert formatter.format(_record(logging.ERROR, "bad")) == "error: bad"
+    assert formatter.format(_record(logging.CRITICAL, "worse")) == "error: worse"
+
+
+@pytest.fixture
+def root_handlers():
+    """Restores the root logger's handlers after the test."""
+    root = logging.getLogger()
+    saved = list(root.handlers)
+    yield root
+    root.handlers = saved
+
+
+def test_console_logs_puts_one_plain_handler_in_place_of_absls(root_handlers):
+    absl_handler = absl_logging.get_absl_handler()
+    root_handlers.addHandler(absl_handler)
+    for _ in range(2):  # a second call replaces the first one's handler
+        cli.console_logs()
+        console = [h for h in root_handlers.handlers if isinstance(h, cli.ConsoleHandler)]
+        assert len(console) == 1 and absl_handler not in root_handlers.handlers
+    cli.console_logs(keep_absl=True)  # --log_dir: absl writes the file, the console stays plain
+    assert absl_handler in root_handlers.handlers
+    assert sum(isinstance(h, cli.ConsoleHandler) for h in root_handlers.handlers) == 1
+    cli.console_logs(plain=False)  # --verbose: absl's handler alone
+    assert absl_handler in root_handlers.handlers
+    assert not any(isinstance(h, cli.ConsoleHandler) for h in root_handlers.handlers)
+
+
+def test_a_console_line_does_not_break_a_live_progress_bar(monkeypatch):
+    from tfjax.training import logger
+
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    progress = logger.Progress(4, stream=stream, use_bar=True)
+    progress.update(1, {"loss": 2.0})
+    cli.ConsoleHandler().handle(_record(logging.WARNING, "odd"))
+    progress.update(2, {"loss": 1.5})
+    progress.close()
+    text = stream.getvalue()
+    before, line, after = text.partition("warning: odd\n")
+    assert line, text
+    assert before.rstrip(" ").endswith("\r"), "the bar is cleared before the line"
+    assert "1/4" in before and "1/4" in after and "2/4" in after  # ...and drawn again below it
+
+
+# An entry point that logs like the real ones: tfjax at INFO, a warning, a library's INFO.
+DEMO = """
+import logging, sys
+from experiments import cli
+
+def main(argv):
+    cli.quiet_logs()
+    logging.getLogger("tfjax.demo").info("step 1/2 loss 1.055")
+    logging.getLogger("tfjax.demo").warning("something odd")
+    logging.getLogger("orbax.demo").info("library detail")
+    print("result line")
+
+cli.main(main, compilation_cache=False, argv=["demo", *sys.argv[1:]])
+"""
+
+
+def _demo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", DEMO, *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_an_entry_point_logs_plain_lines_and_absls_format_with_verbose(tmp_path):
+    plain = _demo()
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout == "result line\n"
+    lines = plain.stderr.splitlines()
+    assert len(lines) == 2, plain.stderr
+    assert PLAIN_LINE.match(lines[0]) and lines[0].endswith(" step 1/2 loss 1.055"), lines
+    assert lines[1] == "warning: something odd"
+
+    verbose = _demo("--verbose")
+    assert verbose.returncode == 0 and verbose.stdout == "result line\n", verbose.stderr
+    lines = verbose.stderr.splitlines()
+    assert len(lines) == 3 and all(ABSL_PREFIX.match(line) for line in lines), lines
+    assert lines[2].endswith("] library detail")  # --verbose lets the libraries log at INFO
+
+    logged = _demo(f"--log_dir={tmp_path / 'logs'}")  # the folder is created
+    assert logged.returncode == 0, logged.stderr
+    assert logged.stderr.splitlines()[1:] == ["warning: something odd"], logged.stderr
+    assert PLAIN_LINE.match(logged.stderr)
+    (log_file,) = [p for p in (tmp_path / "logs").iterdir() if not p.is_symlink()]
+    lines = log_file.read_text().splitlines()
+    assert len(lines) == 2 and all(ABSL_PREFIX.match(line) for line in lines), lines
+
+
+@pytest.mark.slow
+def test_a_training_run_prints_no_absl_prefix_unless_verbose(tmp_path):
+    workdir = f"--workdir={tmp_path / 'run'}"
+    done = tiny_runs.command("train", *TINY, workdir)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines() + done.stderr.splitlines()
+    assert not [line for line in lines if ABSL_PREFIX.match(line)], done.stderr
+    steps = [line for line in done.stderr.splitlines() if " step 2/2 loss " in line]
+    assert len(steps) == 1 and PLAIN_LINE.match(steps[0]), done.stderr
+    assert done.stdout.startswith("workdir: ") and "final eval: " in done.stdout
+
+    resumed = tiny_runs.command("train", *TINY, workdir, "--verbose")
+    assert resumed.returncode == 0, resumed.stderr
+    (line,) = [line for line in resumed.stderr.splitlines() if "resumed from" in line]
+    assert ABSL_PREFIX.match(line), line
