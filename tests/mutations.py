@@ -675,6 +675,15 @@ MUTATIONS = [
         "-k",
         "user_error_is_one_line_and_status_2 and not paths",
     ),
+    M(
+        "cli-absl-prefix-on-the-console",
+        "experiments/cli.py",
+        "        root.removeHandler(absl_handler)",
+        "        pass  # absl's handler stays beside the plain one",
+        "tests/test_cli.py",
+        "-k",
+        "entry_point_logs_plain or prints_no_absl_prefix",
+    ),
     # Sweeps
     M(
         "seed-summary-pstdev",
