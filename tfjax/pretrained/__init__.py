@@ -112,10 +112,46 @@ def load(
     """(ModelConfig, parameters, tokenizer) of a checkpoint directory with its tokenizer.
 
     Raises:
-        As `load_params`; tfjax.errors.DataError when the directory has no tokenizer.
+        As `load_params`; tfjax.errors.DataError when the directory has no tokenizer, or one
+        whose vocabulary does not fit the model's (`load_tokenizer`).
     """
     config, params = load_params(directory, head=head)
-    return config, params, pretrained_tokenizer.PretrainedTokenizer.load(directory)
+    return config, params, load_tokenizer(directory)
+
+
+# A table may have more rows than its tokenizer has ids: the padding up to a multiple of this
+# (T5's 32,100 ids in 32,128 rows). Other gaps mean the tokenizer is not the model's.
+VOCAB_PADDING_MULTIPLE = 128
+
+
+def load_tokenizer(directory: str | pathlib.Path) -> pretrained_tokenizer.PretrainedTokenizer:
+    """The tokenizer of a checkpoint directory, checked against config.json's `vocab_size`.
+
+    Its size must equal the model's embedding rows, or be smaller by the padding up to a
+    multiple of `VOCAB_PADDING_MULTIPLE` only. Anything else is another tokenizer: the one
+    `transformers` (>= 5) makes up from config.json alone when the tokenizer's files are
+    missing (a T5 tokenizer of `<pad>`, `</s>`, `<unk>` and 100 sentinels), or another
+    checkpoint's, which would read every word as other ids (or <unk>).
+
+    Raises:
+        FileNotFoundError, tfjax.errors.ConversionError: for the directory or its config.json.
+        tfjax.errors.DataError: for a directory without a usable tokenizer, or whose
+            tokenizer's size does not fit the model's, naming both sizes and the files to copy.
+    """
+    directory = pathlib.Path(directory)
+    hf = checkpoint.read_config(directory)
+    fam = family(hf)
+    tokenizer = pretrained_tokenizer.PretrainedTokenizer.load(directory)
+    rows, size = hf["vocab_size"], tokenizer.vocab_size
+    padded = -(-size // VOCAB_PADDING_MULTIPLE) * VOCAB_PADDING_MULTIPLE
+    if not size <= rows <= padded:
+        raise errors.DataError(
+            f"{directory}: the tokenizer has {size} ids but the {fam.MODEL_TYPE} model's "
+            f"embedding table has {rows} rows (config.json vocab_size), so it is not the "
+            "checkpoint's tokenizer (are its files missing?): copy the checkpoint's tokenizer "
+            f"files ({' / '.join(fam.TOKENIZER_FILES)}) into {directory}"
+        )
+    return tokenizer
 
 
 def save(

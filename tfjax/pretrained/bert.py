@@ -28,6 +28,7 @@ from tfjax.pretrained.checkpoint import Entry
 MODEL_TYPE = "bert"
 PREFIX = "bert."
 PREFIXED_ARCHITECTURES = r"^BertFor"  # BertModel's weights have no prefix
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # its tokenizer's files
 UNPREFIXED = ("cls.", "classifier.")  # head tensors, outside the "bert." model
 ACTIVATIONS = {"gelu": "gelu"}  # the MLM head's GELU is exact, as tfjax's
 UNSUPPORTED = {

@@ -16,6 +16,7 @@ from tfjax.pretrained.checkpoint import Entry
 MODEL_TYPE = "gpt2"
 PREFIX = "transformer."  # GPT2LMHeadModel's; GPT2Model's weights have none
 PREFIXED_ARCHITECTURES = r"^GPT2(LMHead|DoubleHeads)"  # architectures whose weights carry it
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt")  # its tokenizer's files
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 ACTIVATIONS |= {"relu": "relu", "silu": "silu", "swish": "silu"}
 # config.json options tfjax's model does not compute, with the values it does.

@@ -33,6 +33,7 @@ from tfjax.pretrained.checkpoint import Entry
 MODEL_TYPE = "marian"
 PREFIX = "model."
 PREFIXED_ARCHITECTURES = r"^MarianMTModel"  # MarianModel's weights have no prefix
+TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")  # its tokenizer's files
 UNPREFIXED = ("lm_head.", "final_logits_bias")  # outside the "model." model
 ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu"}
 UNSUPPORTED = {

@@ -32,6 +32,7 @@ from tfjax.pretrained.checkpoint import Entry
 MODEL_TYPE = "t5"
 PREFIX = ""  # T5's weights carry no prefix
 PREFIXED_ARCHITECTURES = r"(?!)"  # matches nothing
+TOKENIZER_FILES = ("spiece.model", "tokenizer.json")  # its tokenizer's files
 FEED_FORWARD = {"relu": "relu", "gated-gelu": "geglu_tanh", "gated-silu": "swiglu"}
 ARCHITECTURES = ("T5ForConditionalGeneration", "T5Model")
 UNSUPPORTED = {"is_decoder": (False,), "add_cross_attention": (False,)}

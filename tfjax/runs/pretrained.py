@@ -182,7 +182,7 @@ def prepare_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) ->
     if config.data.tokenizer != "pretrained" or target.exists():
         return
     if hf:
-        pretrained_tokenizer.PretrainedTokenizer.load(source).save(target)
+        pretrained.load_tokenizer(source).save(target)
     elif (source / datasets.DIRECTORY).is_dir():
         shutil.copytree(source / datasets.DIRECTORY, target)
 
