@@ -16,7 +16,8 @@ by name (`unused`, with a one-line warning); any other unknown tensor is still r
 model exports as `BertForMaskedLM` (`export_config`, also with a warning).
 
 Not supported (a one-line error): relative position embeddings, decoder use, activations other
-than exact GELU.
+than exact GELU, and classifiers transformers trains with another loss than tfjax's softmax
+cross-entropy (`problem_type` "multi_label_classification" or "regression", or one label).
 """
 
 import logging
@@ -36,6 +37,13 @@ UNSUPPORTED = {
     "is_decoder": (False,),
     "add_cross_attention": (False,),
     "tie_word_embeddings": (True,),
+}
+SINGLE_LABEL = "single_label_classification"  # the problem_type tfjax's classify head trains
+# transformers' losses by problem_type (BertForSequenceClassification).
+LOSSES = {
+    SINGLE_LABEL: "softmax cross-entropy",
+    "multi_label_classification": "a sigmoid cross-entropy per label",
+    "regression": "mean squared error",
 }
 HEADS = {
     "BertForMaskedLM": "mlm",
@@ -64,11 +72,38 @@ def _head(hf: dict, head: str | None) -> str:
     return head or named[0]
 
 
+def _check_problem_type(hf: dict) -> None:
+    """ConversionError unless the classifier is trained as tfjax trains it: one label per
+    example, softmax cross-entropy over >= 2 classes.
+
+    transformers picks the loss by `problem_type`: "single_label_classification" (softmax),
+    "multi_label_classification" (a sigmoid per label) or "regression" (mean squared error);
+    unset, one label means regression. tfjax's classification head computes the first only,
+    so the others would fine-tune with another loss than the checkpoint's.
+    """
+    labels = len(hf.get("id2label") or {0: 0, 1: 1})
+    problem = hf.get("problem_type") or ("regression" if labels == 1 else SINGLE_LABEL)
+    if problem not in LOSSES:
+        raise checkpoint.ConversionError(
+            f"config.json sets problem_type={problem!r}, which transformers does not know "
+            f"(it knows {', '.join(LOSSES)})"
+        )
+    if problem != SINGLE_LABEL:
+        raise checkpoint.ConversionError(
+            f"config.json's classifier is a {problem} model (problem_type="
+            f"{hf.get('problem_type')!r}, {labels} labels), which transformers trains with "
+            f"{LOSSES[problem]}: tfjax's classify head trains {SINGLE_LABEL} only (softmax "
+            "cross-entropy, one of >= 2 labels per example); convert a single-label classifier"
+        )
+
+
 def model_config(hf: dict, head: str | None = None) -> models.ModelConfig:
     """The `ModelConfig` of a BERT config.json; `head` "mlm" or "classify" (None: its own)."""
     checkpoint.check_options(hf, MODEL_TYPE, UNSUPPORTED, ACTIVATIONS, "hidden_act")
     head = _head(hf, head)
     checkpoint.check_head(head, ("mlm", "classify"), MODEL_TYPE)
+    if head == "classify":
+        _check_problem_type(hf)
     return models.ModelConfig(
         kind="encoder_only",
         encoder_head=head,
