@@ -171,6 +171,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     vocab_size = config.model.vocab_size or 2  # 0: the tokenizer's size, known after the data
     models.ModelConfig(**{**config.model.to_dict(), "vocab_size": vocab_size})
     optim_config(config)
+    _check_positions(config)
     for field in _TRAIN_POSITIVE + _TRAIN_NON_NEGATIVE:
         value, least = config.train[field], int(field in _TRAIN_POSITIVE)
         if not isinstance(value, int) or value < least:
@@ -195,6 +196,34 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         if not isinstance(value, int) or value < 1:
             raise errors.ConfigError(f"parallel.{field} must be an integer >= 1, got {value!r}")
     _check_layout(config)
+
+
+# The data lengths each model kind reads: each is the longest row (or packed segment) of a stack.
+DATA_LENGTHS = {
+    "encoder_decoder": ("max_source_len", "max_target_len"),
+    "decoder_only": ("max_target_len",),
+    "encoder_only": ("max_source_len",),
+}
+
+
+def _check_positions(config: ml_collections.ConfigDict) -> None:
+    """A learned position table (`model.positional="learned"`) must have a row for every
+    position of the data: the model would otherwise clip the positions past it to its last
+    row inside compiled code, where nothing can be checked.
+
+    Raises:
+        tfjax.errors.ConfigError: naming the data length, the table's size and the fix.
+    """
+    model = config.model
+    if model.positional != "learned":
+        return
+    for key in DATA_LENGTHS[model.kind]:
+        length = config.data[key]
+        if length > model.max_len:
+            raise errors.ConfigError(
+                f"data.{key}={length} is longer than the model's learned position table "
+                f"(model.max_len={model.max_len} positions): set data.{key} <= {model.max_len}"
+            )
 
 
 def _check_layout(config: ml_collections.ConfigDict) -> None:
