@@ -14,11 +14,20 @@ gives the run's data, optimizer and loop (default `configs/pretrained.py:<model 
 embedded task; `encoder_only_mlm` for BERT's masked-LM head), `--config.a.b=value` overrides
 it, and `--head` picks BERT's head ("mlm" or "classify"; default: the one config.json names).
 
+Length limits come from the checkpoint, not the preset: a translation model (Marian, T5) reads
+sources and targets as long as the checkpoint does (`data.max_source_len` and
+`data.max_target_len`: Marian's `max_position_embeddings`, T5's tokenizer `model_max_length`
+or 512), a GPT-2 or BERT keeps the preset's length cut to its position table. A
+`--config.data.max_source_len=N` (or `max_target_len`) flag keeps its value; one longer than
+a learned position table is refused.
+
 Export (`--to_hf`): writes the latest checkpoint (or `--step`) of a converted or fine-tuned
 workdir as a directory `transformers` loads (`from_pretrained(hf_dir)`), with the tokenizer.
 
-A checkpoint of another architecture, a missing, unknown or misshapen tensor, or a config.json
-option the model cannot compute stops with a one-line error naming it (status 2).
+A checkpoint of another architecture, a missing, unknown or misshapen tensor, a config.json
+option the model cannot compute (e.g. a multi-label or regression BERT classifier), or a
+tokenizer whose size does not fit the model's table (its files missing) stops with a one-line
+error naming it (status 2).
 """
 
 from absl import flags
@@ -46,9 +55,14 @@ def main(argv, overrides):
     preset = model_config.kind + ("_mlm" if pretrained.head_of(model_config) == "mlm" else "")
     spec = FLAGS.config or f"configs/pretrained.py:{preset}"
     config = config_utils.load_config(spec, overrides)
-    config = runs_pretrained.convert(FLAGS.hf_dir, FLAGS.workdir, config, head=FLAGS.head)
+    explicit = {override.split("=", 1)[0].strip() for override in overrides}
+    config = runs_pretrained.convert(
+        FLAGS.hf_dir, FLAGS.workdir, config, head=FLAGS.head, explicit=explicit
+    )
+    lengths = ", ".join(f"{key}={config.data[key]}" for key in ("max_source_len", "max_target_len"))
     print(
-        f"wrote {FLAGS.workdir}: a {config.model.kind} model at step 0; fine-tune it with "
+        f"wrote {FLAGS.workdir}: a {config.model.kind} model at step 0 ({lengths}); "
+        "fine-tune it with "
         f"python -m experiments.train --config={FLAGS.workdir}/config.json "
         f"--workdir={FLAGS.workdir}"
     )

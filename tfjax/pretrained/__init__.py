@@ -13,7 +13,10 @@ mapping and its explicit weight table (`checkpoint.Entry` rows): `gpt2` (decoder
 (encoder-decoder, v1.0 and v1.1), `marian` (encoder-decoder translation, OPUS-MT). The
 conversion checks every tensor: a checkpoint of another architecture, a missing, unknown or
 misshapen tensor, or a config option the model cannot compute is a one-line
-`tfjax.errors.ConversionError` naming it. `transformers` is needed for the tokenizer and
+`tfjax.errors.ConversionError` naming it; a tokenizer whose size does not fit the model's
+embedding table (the tokenizer's files missing, or another checkpoint's) a `DataError`
+(`load_tokenizer`). Each family also gives the longest sequence its checkpoint reads
+(`length_limit(directory, hf_config)`). `transformers` is needed for the tokenizer and
 `safetensors` for the weights (the `hf` extra); torch only for `pytorch_model.bin`.
 """
 

@@ -130,6 +130,11 @@ def model_config(hf: dict, head: str | None = None) -> models.ModelConfig:
     )
 
 
+def length_limit(directory, hf: dict) -> int:
+    """The longest input the checkpoint reads: its position table's rows."""
+    return hf["max_position_embeddings"]
+
+
 def table(cfg: models.ModelConfig) -> list[Entry]:
     """The weight table of `cfg` (names without the "bert." prefix)."""
     d, f, v = cfg.embed_dim, cfg.mlp_dim, cfg.vocab_size

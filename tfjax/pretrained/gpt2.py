@@ -55,6 +55,11 @@ def model_config(hf: dict, head: str | None = None) -> models.ModelConfig:
     )
 
 
+def length_limit(directory, hf: dict) -> int:
+    """The longest sequence the checkpoint reads: its position table's rows (`n_positions`)."""
+    return hf["n_positions"]
+
+
 def table(cfg: models.ModelConfig) -> list[Entry]:
     """The weight table of `cfg` (GPT2Model names, without the "transformer." prefix)."""
     d, f, v = cfg.embed_dim, cfg.mlp_dim, cfg.vocab_size

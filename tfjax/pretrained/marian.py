@@ -105,6 +105,12 @@ def model_config(hf: dict, head: str | None = None) -> models.ModelConfig:
     )
 
 
+def length_limit(directory, hf: dict) -> int:
+    """The longest source and target the checkpoint reads: `max_position_embeddings` (512 for
+    OPUS-MT), the rows of its sinusoid tables in transformers."""
+    return hf["max_position_embeddings"]
+
+
 def _attention(tf: str, hf: str, d: int, *, cross: bool) -> list[Entry]:
     """Rows of one attention block: q/k/v/out `Linear`s as tfjax's fused projections."""
     if cross:

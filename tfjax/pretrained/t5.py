@@ -25,6 +25,9 @@ The decoder starts from `decoder_start_token_id` (the padding id 0); the tokeniz
 SentencePiece model) appends EOS `</s>` to sources and targets, as tfjax's pipeline does.
 """
 
+import json
+import pathlib
+
 from tfjax import models
 from tfjax.pretrained import checkpoint
 from tfjax.pretrained.checkpoint import Entry
@@ -96,6 +99,25 @@ def model_config(hf: dict, head: str | None = None) -> models.ModelConfig:
         scale_embeddings=False,
         bos_id=_start_id(hf),
     )
+
+
+# T5's relative positions have no longest sequence: the one its tokenizer and the paper's
+# pre-training use when the tokenizer names none (`length_limit`).
+DEFAULT_LENGTH = 512
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def length_limit(directory: str | pathlib.Path, hf: dict) -> int:
+    """The longest source and target to read: the tokenizer's `model_max_length` (512 for the
+    Hub's T5 and FLAN-T5), else `DEFAULT_LENGTH` (relative positions set no limit; an unset
+    `model_max_length` is transformers' 1e30 placeholder)."""
+    path = pathlib.Path(directory) / TOKENIZER_CONFIG
+    try:
+        length = json.loads(path.read_text(encoding="utf-8")).get("model_max_length")
+    except (OSError, ValueError, AttributeError):  # absent or unreadable: the default
+        length = None
+    valid = isinstance(length, int) and 0 < length < 10**6
+    return length if valid else DEFAULT_LENGTH
 
 
 def _start_id(hf: dict) -> int:

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import pathlib
 import shutil
+from collections.abc import Collection
 from typing import Any
 
 import jax
@@ -49,20 +50,48 @@ def converted_config(
     return config
 
 
+def data_lengths(
+    config: ml_collections.ConfigDict,
+    model_config: models.ModelConfig,
+    limit: int,
+    explicit: Collection[str] = (),
+) -> dict[str, int]:
+    """The data length limits of a run of a converted checkpoint that reads `limit` tokens at
+    most (`length_limit` of its family), as {"data.max_source_len": n, ...}.
+
+    An encoder-decoder (a translation model) takes `limit` for source and target, so that
+    `translate` and `evaluate` read what the checkpoint reads rather than cutting longer
+    sources at a preset's limit. A language model or encoder keeps the preset's length, a
+    training window or example length, lowered to `limit` where longer. Keys in `explicit`
+    keep the config's value (`build.check_config` refuses one longer than a learned table).
+    """
+    lengths = {}
+    for key in build.DATA_LENGTHS[model_config.kind]:
+        name = f"data.{key}"
+        value = config.data[key]
+        if name not in explicit:
+            value = limit if model_config.kind == "encoder_decoder" else min(value, limit)
+        lengths[name] = value
+    return lengths
+
+
 def convert(
     hf_dir: str | pathlib.Path,
     workdir: str | pathlib.Path,
     config: ml_collections.ConfigDict,
     *,
     head: str | None = None,
+    explicit: Collection[str] = (),
 ) -> ml_collections.ConfigDict:
     """Makes `workdir` an ordinary tfjax workdir holding the checkpoint of `hf_dir`.
 
     Args:
         hf_dir: a Hugging Face checkpoint directory with its tokenizer.
         workdir: a new (or empty) directory.
-        config: the run config (`configs/pretrained.py`); its model group is replaced.
+        config: the run config (`configs/pretrained.py`); its model group is replaced, and its
+            data length limits come from the checkpoint (`data_lengths`).
         head: the head of a family that has several (BERT: "mlm" or "classify").
+        explicit: the config keys ("data.max_source_len", ...) the user set: kept as given.
 
     Returns:
         The config written to `workdir/config.json`.
@@ -77,6 +106,10 @@ def convert(
     hf_dir = pathlib.Path(hf_dir)
     model_config, params, tokenizer = pretrained.load(hf_dir, head=head)
     config = converted_config(config, model_config)
+    hf_config = pretrained.read_hf_config(hf_dir)
+    limit = pretrained.family(hf_config).length_limit(hf_dir, hf_config)
+    with config.unlocked():
+        config.update_from_flattened_dict(data_lengths(config, model_config, limit, explicit))
     build.check_config(config)
     workdir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(workdir / datasets.DIRECTORY)
