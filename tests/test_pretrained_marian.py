@@ -352,6 +352,25 @@ def test_a_converted_workdir_translates_as_hf_generate(marian_dir, converted):
     assert ours == reference.batch_decode(generated, skip_special_tokens=True)
 
 
+def test_a_converted_marian_reads_sources_as_long_as_the_checkpoint(marian_dir, converted):
+    """The preset says 32 source tokens; the checkpoint reads 64 (max_position_embeddings): a
+    line of 33 to 63 tokens is translated whole, as transformers translates it."""
+    directory, hf_model = marian_dir
+    run_dir, _ = converted
+    data = json.loads((run_dir / "config.json").read_text())["data"]
+    assert (data["max_source_len"], data["max_target_len"]) == (64, 64)
+    line = " ".join(hf_checkpoints.TEXTS[:2])
+    reference = transformers.AutoTokenizer.from_pretrained(str(directory))
+    batch = reference([line], return_tensors="pt")
+    assert 32 < batch["input_ids"].shape[1] < 64  # cut by the preset's limit, not the model's
+    translator = workdir.load(run_dir, kinds=("encoder_decoder",))
+    ours, warnings = translator.translate([line])
+    assert not [w for w in warnings if "truncated" in w], warnings
+    with torch.no_grad():
+        generated = hf_model.generate(**batch)
+    assert ours == reference.batch_decode(generated, skip_special_tokens=True)
+
+
 @pytest.mark.slow  # about 20 s on 2 busy cores
 def test_fine_tuning_a_converted_marian_lowers_the_loss(converted, tmp_path):
     run_dir, _ = converted
