@@ -126,22 +126,42 @@ def test_a_vocabulary_only_the_data_knows_is_one_line():
 REVERSE = ["data.name=reverse", "data.num_train_examples=64", "data.num_eval_examples=8"]
 
 
+# Files for the "files" source: a plain-text file (a text stream for LMs) and a TSV of pairs.
+FILES_TEXT = ["data.name=files", "data.train_path={dir}/corpus.txt"]
+FILES_TSV = ["data.name=files", "data.train_path={dir}/pairs.tsv", "data.eval_path={dir}/pairs.tsv"]
+MLM = ["model.encoder_head=mlm", "data.tokenizer=word"]
+
+
 @pytest.mark.parametrize(
     "spec, overrides",
     [
         ("configs/lm.py:tiny", []),  # "source | target" rows, packed
         ("configs/lm.py:tiny", ["data.pack=false"]),
+        ("configs/lm.py:tiny", FILES_TEXT),  # a text stream from a file: windows, never packed
+        ("configs/lm.py:tiny", FILES_TSV),  # pairs from a file, packed
+        ("configs/shakespeare_char.py:tiny", []),  # a text stream of a TEXT source
         ("configs/base.py:tiny", REVERSE),  # seq2seq, padded
         ("configs/base.py:tiny", [*REVERSE, "data.pack=true", "data.packed_source_len=24"]),
+        ("configs/base.py:tiny", [*FILES_TSV, "data.pack=true"]),
         ("configs/classify.py:tiny", []),
+        ("configs/classify.py:tiny", [*MLM, *REVERSE]),  # masked LM: each side a line
+        ("configs/classify.py:tiny", [*MLM, *FILES_TEXT]),  # masked LM on a text stream
     ],
 )
 def test_row_shapes_are_those_of_the_loaded_data(spec, overrides, tmp_path):
+    """`train_row_shapes` (what `build` and the planner take the train state's sample from)
+    gives each field of the first loaded training row, every field int32."""
+    (tmp_path / "corpus.txt").write_text("the cat sat on the mat\n" * 40)
+    (tmp_path / "pairs.tsv").write_text("a b c\tc b a\nd e\te d\n" * 10)
+    overrides = [o.format(dir=tmp_path) for o in overrides]
     config = config_utils.load_config(spec, overrides)
     data_config = datasets.DataConfig(**config.data)
-    loaded = datasets.load(data_config, config.model.kind, seed=0, workdir=tmp_path)
-    expected = {key: value.shape for key, value in loaded.train[0].items()}
-    assert datasets.train_row_shapes(data_config, config.model.kind) == expected
+    kind, head = config.model.kind, config.model.encoder_head
+    loaded = datasets.load(data_config, kind, seed=0, workdir=tmp_path, encoder_head=head)
+    row = loaded.train[0]
+    assert {key: value.dtype for key, value in row.items()} == dict.fromkeys(row, np.int32)
+    expected = {key: value.shape for key, value in row.items()}
+    assert datasets.train_row_shapes(data_config, kind, head) == expected
 
 
 def test_model_flops_match_the_benchmarks_formula():

@@ -143,7 +143,18 @@ def _is_prefix(config, path: str) -> bool:
     return bool(path) and pathlib.Path(f"{path}.{config.source_lang}").is_file()
 
 
-@registry.register("files", formats=registry.FORMATS, splits=GENERATED_SPLITS, check=_check_files)
+def _is_text(config, path: str) -> bool:
+    """Whether `path` is a plain-text file (not a TSV, nor the prefix of a parallel pair)."""
+    return not path.endswith(".tsv") and not _is_prefix(config, path)
+
+
+@registry.register(
+    "files",
+    formats=registry.FORMATS,
+    splits=GENERATED_SPLITS,
+    check=_check_files,
+    streams=lambda config: _is_text(config, config.train_path),
+)
 def _files(request: registry.Request):
     """Pairs, (text, label) rows or a text string, as the model's format and the files say."""
     config, split = request.config, request.split
@@ -152,7 +163,7 @@ def _files(request: registry.Request):
         if not path:
             raise errors.ConfigError("classification files need data.eval_path for evaluation")
         return sources.read_classification(path)
-    if request.format == "lm" and not path.endswith(".tsv") and not _is_prefix(config, path):
+    if request.format == "lm" and _is_text(config, path):
         if not config.eval_path:  # one text file: the last 10% evaluates
             text = sources.read_text(config.train_path)
             part = "train" if split == "train" else "val"

@@ -389,7 +389,7 @@ def train_row_shapes(
     """The shape of each field of one training row `load` would give, without reading data.
 
     What ahead-of-time planning needs (`tfjax.runs.plan`): every field is int32; a batch
-    stacks rows on a leading B axis. Text-stream sources (formats `registry.TEXT`) give
+    stacks rows on a leading B axis. Text streams (`registry.Source.text_stream`) give
     windows of `max_target_len` with `targets_weights`; pair data gives padded rows of the
     length limits, or packed rows of `packed_lengths` with positions when `pack` is on.
 
@@ -403,7 +403,7 @@ def train_row_shapes(
     if fmt == "classify":
         length = cfg.max_source_len
         return {"inputs": (length,), "inputs_segment_ids": (length,), "labels": ()}
-    if source.formats == registry.TEXT:
+    if source.text_stream(cfg):
         length = cfg.max_target_len
         return {f"targets{suffix}": (length,) for suffix in ("", "_segment_ids", "_weights")}
     fields = ("inputs", "targets") if fmt == "seq2seq" else ("targets",)

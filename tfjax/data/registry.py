@@ -12,7 +12,10 @@ the encoding path of `tfjax.data.datasets` needs to know about it:
     hub datasets, whose splits only the hub knows);
   * `seeded`: generated from the run's seed rather than read from files;
   * `check(config)`: optional validation of the `data` config, run when `DataConfig` is built
-    (e.g. "files" needs `data.train_path`).
+    (e.g. "files" needs `data.train_path`);
+  * `streams(config)`: for a source of text and pairs alike, whether its "lm" training split is
+    a text stream for this config (known without reading it: "files" looks at the path); by
+    default, sources of `TEXT` alone stream.
 
 The built-in sources live in `tfjax.data.catalog` and are registered on the first call to this
 module. A new source registers from any module imported before its config is built:
@@ -64,6 +67,8 @@ class Source:
       splits: the names `data.eval_split` may take, "train" included; empty for any name.
       seeded: whether its examples are generated from the run's seed.
       check: `check(config)` raises ValueError for `data` settings it cannot read, or None.
+      streams: `streams(config)`: whether the "lm" training split is one string (a text
+        stream), or None: exactly when `formats` is `TEXT`.
     """
 
     name: str
@@ -72,6 +77,11 @@ class Source:
     splits: tuple[str, ...]
     seeded: bool = False
     check: Callable[[Any], None] | None = None
+    streams: Callable[[Any], bool] | None = None
+
+    def text_stream(self, config) -> bool:
+        """Whether the "lm" training split of `config` is a text stream (`streams`)."""
+        return self.formats == TEXT if self.streams is None else self.streams(config)
 
     def __post_init__(self):
         unknown = [f for f in self.formats if f not in FORMATS]
@@ -106,6 +116,7 @@ def register(
     splits: Sequence[str],
     seeded: bool = False,
     check: Callable[[Any], None] | None = None,
+    streams: Callable[[Any], bool] | None = None,
 ) -> Callable:
     """A decorator that registers its function as the reader of source `name`.
 
@@ -116,6 +127,8 @@ def register(
       seeded: whether the examples are generated from the run's seed.
       check: called with the `data` config when it is built; raises ValueError for settings
         the source cannot read.
+      streams: for a source of "lm" pairs and text alike, whether `config`'s "lm" training
+        split is a text stream (default: only `TEXT` sources stream).
 
     Returns:
       A decorator that registers `read(request)` and returns it unchanged.
@@ -126,7 +139,7 @@ def register(
 
     def decorator(read: Callable[[Request], Any]) -> Callable[[Request], Any]:
         _load_builtins()
-        source = Source(name, read, tuple(formats), tuple(splits), seeded, check)
+        source = Source(name, read, tuple(formats), tuple(splits), seeded, check, streams)
         if name in _SOURCES:
             taken = _SOURCES[name].read
             raise ValueError(
