@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from tfjax import errors, models
 from tfjax.data import datasets, tokenizers
@@ -306,8 +307,7 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Run:
     model = models.create_model(model_config)
     optimizer, schedule = make_optimizer(config, model_config)
     strategy = make_strategy(config)
-    sample = jax.tree.map(lambda x: jnp.zeros((1, *x.shape), x.dtype), examples.train[0])
-    abstract_state = abstract_train_state(model, optimizer, sample, model_config.kind)
+    abstract_state = abstract_train_state(model, optimizer, sample_batch(config), model_config.kind)
     masking = make_masking(config, examples.tokenizer)
     eos_id = examples.tokenizer.eos_id
     train_step = make_train_step(config, model, optimizer, schedule, masking, eos_id)
@@ -336,6 +336,15 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Run:
 
 # The pieces of `build` that need no data: ahead-of-time planning (`tfjax.runs.plan`) builds
 # the same model, optimizer, step and strategy from them, so it plans what training runs.
+
+
+def sample_batch(config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+    """A batch of one training row, int32 zeros [1, ...] on the host, of the shapes
+    `datasets.train_row_shapes` gives: what the abstract train state needs, no data read."""
+    rows = datasets.train_row_shapes(
+        datasets.DataConfig(**config.data), config.model.kind, config.model.encoder_head
+    )
+    return {key: np.zeros((1, *shape), np.int32) for key, shape in rows.items()}
 
 
 def make_model_config(
