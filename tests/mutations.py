@@ -727,6 +727,14 @@ MUTATIONS = [
         "statistics.pstdev(values) if len(values) > 1 else None",
         "tests/test_sweep.py::test_seed_summary_averages_runs_that_differ_only_in_the_seed",
     ),
+    # Opening a workdir
+    M(
+        "workdir-load-reads-the-data",
+        "tfjax/data/datasets.py",
+        "fmt, saved, seed),\n        )\n",  # the deferred examples, read at once
+        "fmt, saved, seed),\n        ).read()\n",
+        "tests/test_workdir.py::test_decoding_a_workdir_reads_no_data",
+    ),
 ]
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from experiments import config_utils
 from tfjax import errors, models, pretrained
+from tfjax.data import datasets
 from tfjax.inference import decoding
 from tfjax.runs import pretrained as runs_pretrained
 from tfjax.runs import trainer, workdir
@@ -63,6 +64,18 @@ def test_a_converted_workdir_restores_the_checkpoint(gpt2_dir, converted):
         eos_id=generator.tokenizer.eos_id,
     )
     assert texts == [generator.tokenizer.decode(np.asarray(expected)[0, len(tokens) :])]
+
+
+def test_a_converted_workdir_exports_and_generates_without_reading_data(
+    converted, tmp_path, monkeypatch
+):
+    def no_read(*args):
+        raise AssertionError("a split was read, though exporting and generating need no data")
+
+    monkeypatch.setattr(datasets, "_read", no_read)
+    assert runs_pretrained.export(converted, tmp_path / "exported") == 0
+    texts, _ = workdir.load(converted).generate(["A dog"], max_length=6)
+    assert len(texts) == 1
 
 
 def test_fine_tuning_from_a_converted_workdir_lowers_the_loss_and_exports(converted, tmp_path):

@@ -228,6 +228,46 @@ def test_files_translation_with_sentencepiece(tmp_path):
     assert again.tokenizer == examples.tokenizer  # reloaded from the workdir
 
 
+@pytest.mark.parametrize("kind, text", [("encoder_decoder", False), ("decoder_only", True)])
+def test_a_saved_tokenizer_defers_each_split_until_it_is_used(tmp_path, monkeypatch, kind, text):
+    """With the workdir's tokenizer, `load` reads nothing; each split is read on first use,
+    once, and holds what the first load (which built the tokenizer) encoded."""
+    corpus = tmp_path / "corpus"
+    if text:
+        (tmp_path / "train.txt").write_text("the cat sat\non the mat\n" * 20)
+        (tmp_path / "test.txt").write_text("the mat sat on the cat\n" * 3)
+        paths = {"train_path": str(tmp_path / "train.txt"), "eval_path": str(tmp_path / "test.txt")}
+    else:
+        paths = {
+            "train_path": _write_parallel(corpus, "train", PAIRS * 3),
+            "eval_path": _write_parallel(corpus, "test", PAIRS[:3]),
+        }
+    cfg = datasets.DataConfig(name="files", max_source_len=12, max_target_len=12, **paths)
+    built = datasets.load(cfg, kind, seed=0, workdir=tmp_path / "run")
+    reads, read = [], datasets._read
+    monkeypatch.setattr(datasets, "_read", lambda *a: reads.append(a[-1]) or read(*a))
+    deferred = datasets.load(cfg, kind, seed=0, workdir=tmp_path / "run")
+    assert reads == [] and deferred.tokenizer == built.tokenizer
+    assert deferred.format == built.format
+    _assert_same_rows(deferred.eval, built.eval)
+    assert deferred.references == built.references
+    if text:
+        np.testing.assert_array_equal(deferred.eval_stream, built.eval_stream)
+    else:
+        assert deferred.eval_stream is None
+    assert reads == ["test"]
+    _assert_same_rows(deferred.train, built.train)
+    assert deferred.read() is deferred and reads == ["test", "train"]
+
+
+def _assert_same_rows(rows, expected):
+    assert len(rows) == len(expected)
+    for row, want in zip(rows, expected, strict=True):
+        assert row.keys() == want.keys()
+        for key in row:
+            np.testing.assert_array_equal(row[key], want[key])
+
+
 def test_files_classification_tsv(tmp_path):
     (tmp_path / "train.tsv").write_text("good film\t1\nbad film\t0\nfine film\t1\n")
     (tmp_path / "test.tsv").write_text("good\t1\n")

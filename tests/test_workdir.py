@@ -19,7 +19,7 @@ import tiny_runs
 from tiny_runs import REVERSE
 
 from experiments import config_utils
-from tfjax.data import tokenizers
+from tfjax.data import datasets, tokenizers
 from tfjax.runs import evaluator, trainer, workdir
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -409,6 +409,72 @@ def test_evaluate_errors(trained):
 
 
 # ---------------------------------------------------------------------------------------------
+# Opening a workdir reads only the data the command needs (the tokenizer is saved in it).
+
+
+def _split_reads(monkeypatch, *, fail: bool = False) -> list[str]:
+    """The splits `datasets` reads from now on, in order; `fail`: each read raises instead."""
+    reads, read = [], datasets._read
+
+    def spy(source, cfg, fmt, seed, split):
+        reads.append(split)
+        if fail:
+            raise AssertionError(f"split {split!r} read, though the command needs no data")
+        return read(source, cfg, fmt, seed, split)
+
+    monkeypatch.setattr(datasets, "_read", spy)
+    return reads
+
+
+def test_decoding_a_workdir_reads_no_data(trained, monkeypatch):
+    names = ("seq2seq_word", "lm_char", "classify_spm")
+    paths = [trained(name) for name in names]  # trained (reading data) before the spy
+    reads = _split_reads(monkeypatch, fail=True)
+    translator, generator, classifier = (workdir.load(path) for path in paths)
+    outputs, _ = translator.translate(["s1 s2 s3", ""], beam_size=2)
+    assert len(outputs) == 2 and outputs[1] == ""
+    texts, _ = generator.generate(["s1"], max_length=8)
+    assert len(texts) == 1
+    for loaded, text in ((translator, "s1 s2"), (generator, "s1 s2"), (classifier, "1 0 1")):
+        maps, _ = loaded.attention(text)  # what experiments.attention_map draws
+        assert maps.weights
+    assert reads == []
+
+
+@pytest.mark.parametrize("split, expected", [(None, ["test"]), ("train", ["train"])])
+def test_evaluate_reads_only_the_split_it_scores(trained, monkeypatch, split, expected):
+    path = trained("seq2seq_word")
+    reads = _split_reads(monkeypatch)
+    record = evaluator.evaluate_workdir(path, split=split, beam_size=1, max_examples=4)
+    assert reads == expected and record["split"] == expected[0]
+
+
+@pytest.fixture(scope="module")
+def data_gone(tmp_path_factory):
+    """A seq2seq workdir trained on a TSV file of the "files" source, then the file deleted."""
+    root = tmp_path_factory.mktemp("files_run")
+    data = root / "pairs.tsv"
+    data.write_text("".join(f"s{i} s{i + 1}\ts{i + 1} s{i}\n" for i in range(8)))
+    files = [f"data.train_path={data}", f"data.eval_path={data}", "data.name=files"]
+    config = config_utils.load_config("configs/base.py:tiny", [*REVERSE, *files])
+    trainer.train_and_evaluate(config, root / "run")
+    data.unlink()
+    return root / "run", data, config
+
+
+def test_a_workdir_whose_data_is_gone_still_translates(data_gone, monkeypatch):
+    path, data, config = data_gone
+    outputs, _ = workdir.load(path).translate(["s1 s2"], beam_size=1)
+    assert len(outputs) == 1
+    with pytest.raises(FileNotFoundError, match=f"{data}: no such file"):
+        evaluator.evaluate_workdir(path, beam_size=1)  # the split it scores: one line
+    saved = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
+    with pytest.raises(FileNotFoundError, match=f"{data}: no such file"):
+        trainer.train_and_evaluate(config, path)  # resuming needs the data: before any write
+    assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == saved
+
+
+# ---------------------------------------------------------------------------------------------
 # The commands in subprocesses (slow).
 
 
@@ -525,3 +591,14 @@ def test_commands_fail_clearly(trained, module, name, expected, tmp_path):
     assert done.returncode == 2
     assert done.stderr.startswith("error: ") and expected in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, "one line, no traceback"
+
+
+@pytest.mark.slow
+def test_commands_on_a_workdir_whose_data_is_gone(data_gone):
+    path, data, _ = data_gone
+    done = _command("translate", f"--workdir={path}", "--beam_size=1", stdin="s1 s2\n")
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done.stderr
+    done = _command("evaluate", f"--workdir={path}", "--beam_size=1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]  # after evaluate's log lines
+    assert last.startswith(f"error: {data}: no such file"), done.stderr

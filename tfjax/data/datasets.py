@@ -17,13 +17,17 @@ Sources (`data.name`) come from `tfjax.data.registry`: the embedded generators, 
 corpora, "files" and "hub" are registered in `tfjax.data.catalog`, which describes each; nothing
 here depends on which source it is. The tokenizer (`data.tokenizer`: word, char or
 sentencepiece, joint over source and target) is built from the training split on the first run
-and saved in the workdir, so a resumed or evaluated run reuses it.
+and saved in the workdir, so a resumed or evaluated run reuses it; with it saved, a split is
+read only when first used (`Examples.deferred`).
 """
 
 import dataclasses
+import functools
 import logging
 import os
 import pathlib
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -146,21 +150,82 @@ def eval_splits(name: str) -> tuple[str, ...]:
     return registry.get(name).splits
 
 
-@dataclasses.dataclass
+class HeldOut(NamedTuple):
+    """The encoded eval split: its examples, references (seq2seq) and token stream (text LMs)."""
+
+    examples: list
+    references: list[str] | None
+    stream: np.ndarray | None
+
+
 class Examples:
     """Tokenized train and eval examples plus the tokenizer that made them.
 
     `references` (seq2seq only) are the raw target texts of the eval examples, in order: what
     BLEU scores against, untouched by tokenization. `eval_stream` (language models on a text
     stream) holds the eval split's token ids, for window-sampled loss estimates.
+
+    `Examples(train, eval, tokenizer, format, ...)` holds examples already encoded;
+    `Examples.deferred` (what `load` gives when the workdir has its tokenizer) reads a split on
+    first access: `train` the training split, `eval`, `references` and `eval_stream` the eval
+    split, once for the three. So a command that only decodes reads no data, and one that
+    scores the eval split does not read the training split.
     """
 
-    train: list[pipeline.Example]
-    eval: list[pipeline.Example]
-    tokenizer: tokenizers.Tokenizer
-    format: str  # "seq2seq", "lm" or "classify"
-    references: list[str] | None = None
-    eval_stream: np.ndarray | None = None
+    def __init__(
+        self,
+        train: list,
+        eval: list,
+        tokenizer: tokenizers.Tokenizer,
+        format: str,  # "seq2seq", "lm", "classify" or "mlm"
+        references: list[str] | None = None,
+        eval_stream: np.ndarray | None = None,
+    ):
+        self.tokenizer = tokenizer
+        self.format = format
+        # Set in the instance dict, where the cached properties below look first.
+        vars(self).update(train=train, _held_out=HeldOut(eval, references, eval_stream))
+
+    @classmethod
+    def deferred(
+        cls,
+        tokenizer: tokenizers.Tokenizer,
+        format: str,
+        read_train: Callable[[], list],
+        read_held_out: Callable[[], HeldOut],
+    ) -> "Examples":
+        """Examples whose splits come from `read_train()` and `read_held_out()` when first used."""
+        examples = cls.__new__(cls)
+        examples.tokenizer, examples.format = tokenizer, format
+        examples._read_train, examples._read_held_out = read_train, read_held_out
+        return examples
+
+    @functools.cached_property
+    def train(self) -> list:
+        return self._read_train()
+
+    @functools.cached_property
+    def _held_out(self) -> HeldOut:
+        return self._read_held_out()
+
+    @property
+    def eval(self) -> list:
+        return self._held_out.examples
+
+    @property
+    def references(self) -> list[str] | None:
+        return self._held_out.references
+
+    @property
+    def eval_stream(self) -> np.ndarray | None:
+        return self._held_out.stream
+
+    def read(self) -> "Examples":
+        """Reads both splits now if they are not yet (training wants its data errors before
+        it writes anything); returns self."""
+        self.train  # noqa: B018
+        self._held_out  # noqa: B018
+        return self
 
 
 def example_format(model_kind: str, encoder_head: str = "classify") -> str:
@@ -191,20 +256,18 @@ def _format(source: registry.Source, model_kind: str, encoder_head: str) -> str:
     return fmt
 
 
-def _read(source: registry.Source, cfg: DataConfig, fmt: str, seed: int):
-    """The raw train and eval splits of `source`, each checked to be non-empty."""
-    splits = ("train", cfg.eval_split)
+def _read(source: registry.Source, cfg: DataConfig, fmt: str, seed: int, split: str):
+    """The raw examples of `split` of `source`, checked to be non-empty."""
     read_format = "lm" if fmt == MLM else fmt  # masked-LM text is what language models read
-    raws = [source.read(registry.Request(cfg, split, seed, read_format)) for split in splits]
-    for split, raw in zip(splits, raws, strict=True):
-        if isinstance(raw, str) and fmt not in ("lm", MLM):
-            raise ValueError(
-                f"data {cfg.name!r}: split {split!r} is a text stream, which only trains "
-                "decoder_only models; declare the source's formats as registry.TEXT"
-            )
-        if len(raw) == 0:
-            raise errors.DataError(f"data {cfg.name!r}: split {split!r} is empty")
-    return raws
+    raw = source.read(registry.Request(cfg, split, seed, read_format))
+    if isinstance(raw, str) and fmt not in ("lm", MLM):
+        raise ValueError(
+            f"data {cfg.name!r}: split {split!r} is a text stream, which only trains "
+            "decoder_only models; declare the source's formats as registry.TEXT"
+        )
+    if len(raw) == 0:
+        raise errors.DataError(f"data {cfg.name!r}: split {split!r} is empty")
+    return raw
 
 
 def _mlm_lines(raw) -> list[str]:
@@ -226,30 +289,49 @@ def _tokenizer_texts(raw, fmt: str) -> list[str]:
     return texts
 
 
+_TOKENIZER_KINDS = {
+    "word": tokenizers.WordTokenizer,
+    "char": tokenizers.CharTokenizer,
+    "sentencepiece": tokenizers.SentencePieceTokenizer,
+    "pretrained": tokenizers.PretrainedTokenizer,
+}
+
+
+def _tokenizer_file(cfg: DataConfig) -> str:
+    """Where in the workdir the tokenizer of `data.tokenizer` is saved (a directory for
+    "pretrained")."""
+    return {"pretrained": DIRECTORY, "sentencepiece": SENTENCEPIECE_FILE}.get(
+        cfg.tokenizer, TOKENIZER_FILE
+    )
+
+
+def _saved_tokenizer(cfg: DataConfig, workdir) -> tokenizers.Tokenizer | None:
+    """The tokenizer saved in `workdir`, or None if it holds none (or there is no workdir)."""
+    if workdir is None:
+        return None
+    path = pathlib.Path(workdir) / _tokenizer_file(cfg)
+    present = path.is_dir() if cfg.tokenizer == "pretrained" else path.exists()
+    return _TOKENIZER_KINDS[cfg.tokenizer].load(path) if present else None
+
+
 def _tokenizer(
     cfg: DataConfig, texts: list[str], workdir, save: bool, mask: bool = False
 ) -> tokenizers.Tokenizer:
     """The workdir's saved tokenizer, or a new one built from `texts` (and saved if `save`);
     `mask`: a new one gets a mask token (masked-LM runs)."""
+    saved = _saved_tokenizer(cfg, workdir)
+    if saved is not None:
+        return saved
     if cfg.tokenizer == "pretrained":
         directory = None if workdir is None else pathlib.Path(workdir) / DIRECTORY
-        if directory is None or not directory.is_dir():
-            raise errors.ConfigError(
-                f"data.tokenizer='pretrained' reads the tokenizer of a converted checkpoint from "
-                f"{directory or 'the workdir'}, which has none: make the workdir with python -m "
-                "experiments.convert, or start from one with --config.train.init_from=WORKDIR"
-            )
-        return tokenizers.PretrainedTokenizer.load(directory)
+        raise errors.ConfigError(
+            f"data.tokenizer='pretrained' reads the tokenizer of a converted checkpoint from "
+            f"{directory or 'the workdir'}, which has none: make the workdir with python -m "
+            "experiments.convert, or start from one with --config.train.init_from=WORKDIR"
+        )
     spm = cfg.tokenizer == "sentencepiece"
-    kind = {
-        "word": tokenizers.WordTokenizer,
-        "char": tokenizers.CharTokenizer,
-        "sentencepiece": tokenizers.SentencePieceTokenizer,
-    }[cfg.tokenizer]
-    name = SENTENCEPIECE_FILE if spm else TOKENIZER_FILE
-    path = None if workdir is None else pathlib.Path(workdir) / name
-    if path is not None and path.exists():
-        return kind.load(path)
+    kind = _TOKENIZER_KINDS[cfg.tokenizer]
+    path = None if workdir is None else pathlib.Path(workdir) / _tokenizer_file(cfg)
     if spm:
         tokenizer = kind.build(
             texts, vocab_size=cfg.vocab_size, model_type=cfg.spm_model_type, mask=mask
@@ -352,35 +434,78 @@ def load(
     `save_tokenizer=False` reads the workdir's tokenizer if it is there but never writes one
     (the other processes of a multi-process run: process 0 writes it).
 
+    With the tokenizer saved in `workdir` nothing is read here: each split is read and encoded
+    when first used (`Examples.deferred`), so that opening a trained workdir to decode costs no
+    pass over the corpus. Without it both splits are read now, to build the tokenizer.
+
     Raises:
       ValueError: for data that cannot train `model_kind`, an empty split, or no example that
-        fits the length limits (and the errors of the source's reader for bad files).
+        fits the length limits (and the errors of the source's reader for bad files); with a
+        saved tokenizer, the split's errors come when it is first used.
     """
     source = registry.get(cfg.name)
     fmt = _format(source, model_kind, encoder_head)
-    raw_train, raw_eval = _read(source, cfg, fmt, seed)
+    saved = _saved_tokenizer(cfg, workdir)
+    if saved is not None:
+        logger.info("data %s: the workdir's tokenizer, vocabulary %d", cfg.name, saved.vocab_size)
+        return Examples.deferred(
+            saved,
+            fmt,
+            functools.partial(_load_train, source, cfg, fmt, saved, seed),
+            functools.partial(_load_held_out, source, cfg, fmt, saved, seed),
+        )
+    raw_train = _read(source, cfg, fmt, seed, "train")
+    raw_eval = _read(source, cfg, fmt, seed, cfg.eval_split)
     texts = _tokenizer_texts(raw_train, fmt)
     tokenizer = _tokenizer(cfg, texts, workdir, save_tokenizer, mask=fmt == MLM)
     train = _train_examples(raw_train, fmt, tokenizer, cfg, seed)
-    kept: list[int] = []
-    evaluation = _encode(raw_eval, fmt, tokenizer, cfg, train=False, kept=kept)
-    if not train or not evaluation:
-        raise errors.ConfigError(
-            f"data {cfg.name!r}: {len(train)} train and {len(evaluation)} eval examples fit "
-            f"max_source_len={cfg.max_source_len}, max_target_len={cfg.max_target_len}; "
-            "raise those limits"
-        )
-    references = [raw_eval[i][1] for i in kept] if fmt == "seq2seq" else None
-    stream = _stream_ids(raw_eval, tokenizer) if isinstance(raw_eval, str) and fmt == "lm" else None
+    held_out = _encode_held_out(raw_eval, fmt, tokenizer, cfg)
+    if not train or not held_out.examples:
+        raise _none_fit(cfg, f"{len(train)} train and {len(held_out.examples)} eval examples fit")
     logger.info(
         "data %s: %d train, %d %s examples, vocabulary %d",
         cfg.name,
         len(train),
-        len(evaluation),
+        len(held_out.examples),
         cfg.eval_split,
         tokenizer.vocab_size,
     )
-    return Examples(train, evaluation, tokenizer, fmt, references, stream)
+    return Examples(train, held_out.examples, tokenizer, fmt, held_out.references, held_out.stream)
+
+
+def _none_fit(cfg: DataConfig, counts: str) -> errors.ConfigError:
+    return errors.ConfigError(
+        f"data {cfg.name!r}: {counts} max_source_len={cfg.max_source_len}, "
+        f"max_target_len={cfg.max_target_len}; raise those limits"
+    )
+
+
+def _encode_held_out(raw, fmt: str, tokenizer, cfg: DataConfig) -> HeldOut:
+    """The eval split encoded (unpacked), its references and its token stream."""
+    kept: list[int] = []
+    examples = _encode(raw, fmt, tokenizer, cfg, train=False, kept=kept)
+    references = [raw[i][1] for i in kept] if fmt == "seq2seq" else None
+    stream = _stream_ids(raw, tokenizer) if isinstance(raw, str) and fmt == "lm" else None
+    return HeldOut(examples, references, stream)
+
+
+def _load_train(source, cfg: DataConfig, fmt: str, tokenizer, seed: int) -> list:
+    """The training split read and encoded with a saved tokenizer (`Examples.deferred`)."""
+    train = _train_examples(_read(source, cfg, fmt, seed, "train"), fmt, tokenizer, cfg, seed)
+    if not train:
+        raise _none_fit(cfg, "no train example fits")
+    logger.info("data %s: %d train examples", cfg.name, len(train))
+    return train
+
+
+def _load_held_out(source, cfg: DataConfig, fmt: str, tokenizer, seed: int) -> HeldOut:
+    """The eval split read and encoded with a saved tokenizer (`Examples.deferred`)."""
+    raw = _read(source, cfg, fmt, seed, cfg.eval_split)
+    held_out = _encode_held_out(raw, fmt, tokenizer, cfg)
+    if not held_out.examples:
+        raise _none_fit(cfg, f"no {cfg.eval_split} example fits")
+    logger.info("data %s: %d %s examples", cfg.name, len(held_out.examples), cfg.eval_split)
+    return held_out
 
 
 def train_row_shapes(

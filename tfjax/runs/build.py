@@ -302,6 +302,8 @@ def load_examples(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> d
 
 
 def build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Run:
+    """The run of `config`; with the tokenizer saved in `workdir` no data is read here (the
+    examples' splits are read when first used, `datasets.Examples.deferred`)."""
     examples = load_examples(config, workdir)
     model_config = make_model_config(config, examples.tokenizer.vocab_size)
     model = models.create_model(model_config)

@@ -339,6 +339,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
     if config.train.init_from and chief:  # the tokenizer of a pretrained model, before `build`
         pretrained.prepare_workdir(config, workdir)
     run = build.build(config, workdir)
+    run.examples.read()  # a resumed run's splits are deferred: their errors before any write
     iterator = train_iterator(run)
     writer = logger.MetricWriter(workdir, enabled=chief)
     with checkpointing.Checkpointer(

@@ -40,7 +40,8 @@ def load_examples(trials: Sequence[Any]) -> dict[int, datasets.Examples]:
     for trial in trials:
         seed = trial.config.seed
         if seed not in examples:
-            examples[seed] = build.load_examples(trial.config, trial.workdir)
+            # Read now (a resumed sweep's are deferred): data errors before anything is written.
+            examples[seed] = build.load_examples(trial.config, trial.workdir).read()
             first[seed] = trial.workdir
         else:
             _copy_tokenizer(first[seed], trial.workdir)

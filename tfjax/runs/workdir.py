@@ -6,14 +6,15 @@
     generator = workdir.load("runs/shakespeare_char_cpu")   # decoder-only -> Generator
     texts, warnings = generator.generate(["ROMEO:"], max_length=200, temperature=0.8)
 
-`load` reads `config.json`, checks the model kind, rebuilds the run (model, tokenizer, data) and
-restores a checkpoint (the latest good one, a given step, or the average of the last N). The
-object it returns holds the run and its parameters and has `encode` (text → ids, with warnings
-for empty, too long or out-of-vocabulary input), `decode` (ids → ids, KV-cached greedy,
-sampling or beam search) and `detokenize` (ids → text), for every tokenizer kind (word, char,
-SentencePiece). `experiments.translate`, `experiments.generate` and `experiments.evaluate` are
-thin command-line wrappers over it. Every error a user can cause is a `WorkdirError` whose
-one-line message says what is wrong and what to run instead.
+`load` reads `config.json`, checks the model kind, rebuilds the run (model, the saved tokenizer;
+a data split is read only when something uses it, e.g. evaluation) and restores a checkpoint
+(the latest good one, a given step, or the average of the last N). The object it returns holds
+the run and its parameters and has `encode` (text → ids, with warnings for empty, too long or
+out-of-vocabulary input), `decode` (ids → ids, KV-cached greedy, sampling or beam search) and
+`detokenize` (ids → text), for every tokenizer kind (word, char, SentencePiece).
+`experiments.translate`, `experiments.generate` and `experiments.evaluate` are thin command-line
+wrappers over it. Every error a user can cause is a `WorkdirError` whose one-line message says
+what is wrong and what to run instead.
 """
 
 import dataclasses
@@ -493,7 +494,8 @@ def load(
         WorkdirError: for a missing config or checkpoint, a model of another kind, an unknown
             split, or averaging that cannot be done.
         FileNotFoundError: for a missing data directory or file that the run reads (its
-            message names the fix; not reported as a missing checkpoint).
+            message names the fix; not reported as a missing checkpoint). With the tokenizer
+            saved in the workdir no data is read here: a split's errors come when it is used.
     """
     workdir = pathlib.Path(workdir)
     if average_last < 1:
