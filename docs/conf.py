@@ -56,6 +56,8 @@ autodoc_mock_imports = ["torch"]
 
 html_theme = "furo"
 html_title = "tfjax"
+html_static_path = ["_static"]
+html_css_files = ["tables.css"]  # code in table cells may wrap
 
 # The docstrings are written in a Markdown manner: `x` is code. reST reads single backticks as
 # "interpreted text" (italic); turn them into inline literals before autodoc renders them.
@@ -67,9 +69,22 @@ suppress_warnings = ["docutils"]
 _SINGLE_BACKTICKS = re.compile(r"(?<![`\w:])`([^`\n]+)`(?![`_\w])")
 
 
-def _markdown_code_to_literals(app, what, name, obj, options, lines):
-    lines[:] = [_SINGLE_BACKTICKS.sub(r"``\1``", line) for line in lines]
+def _markdown_to_rest(app, what, name, obj, options, lines):
+    """Single backticks -> inline literals; a blank line before a Markdown list that follows a
+    paragraph line directly (reST would read it as part of the paragraph)."""
+    out, bullet_indent = [], None
+    for line in lines:
+        text = line.lstrip()
+        indent = len(line) - len(text)
+        if text.startswith(("- ", "* ")):
+            if out and out[-1].strip() and bullet_indent is None:
+                out.append("")
+            bullet_indent = indent
+        elif not text or (bullet_indent is not None and indent <= bullet_indent):
+            bullet_indent = None
+        out.append(_SINGLE_BACKTICKS.sub(r"``\1``", line))
+    lines[:] = out
 
 
 def setup(app):
-    app.connect("autodoc-process-docstring", _markdown_code_to_literals)
+    app.connect("autodoc-process-docstring", _markdown_to_rest)

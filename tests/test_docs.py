@@ -1,0 +1,185 @@
+"""The documentation runs: every ```python block of README.md and docs/*.md is executed, and
+every shell line naming `python -m experiments.X` has its flags and config overrides parsed.
+
+Conventions (docs/tests.md): a page's Python blocks run in order in one namespace, in a
+temporary working directory; an HTML comment `<!-- docs-test: setup` ... `-->` holds hidden
+Python that runs just before the next block; `<!-- docs-test: slow -->` on a page moves its
+Python blocks to the slow tier (they train a run).
+"""
+
+import json
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^\s*```(\S*)\s*$")  # also indented, inside a list item
+SETUP = "<!-- docs-test: setup"
+SLOW = "<!-- docs-test: slow -->"
+
+
+def blocks(text: str) -> list[tuple[str, str, int]]:
+    """(language, code, first line number) of each fenced block, hidden setup blocks as
+    language "setup", in page order."""
+    out, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith(SETUP):
+            end = next(j for j in range(i, len(lines)) if lines[j].rstrip().endswith("-->"))
+            body = [line[len(SETUP) :], *lines[i + 1 : end + 1]]
+            body[-1] = body[-1].rstrip()[: -len("-->")]
+            out.append(("setup", "\n".join(body).strip() + "\n", i + 1))
+            i = end + 1
+            continue
+        match = FENCE.match(line)
+        if match:
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+            code = textwrap.dedent("\n".join(lines[i + 1 : end]))
+            out.append((match.group(1), code + "\n", i + 2))
+            i = end
+        i += 1
+    return out
+
+
+def _page_id(path: pathlib.Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def _python_pages():
+    for path in PAGES:
+        text = path.read_text()
+        if not any(lang == "python" for lang, _, _ in blocks(text)):
+            continue
+        marks = [pytest.mark.slow] if SLOW in text else []
+        yield pytest.param(path, id=_page_id(path), marks=marks)
+
+
+@pytest.mark.parametrize("path", list(_python_pages()))
+def test_python_blocks_run(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative paths (runs/...) land in a fresh folder
+    namespace: dict = {"__name__": "__docs__"}
+    for lang, code, line in blocks(path.read_text()):
+        if lang in ("python", "setup"):
+            # Line numbers of the page, so a traceback points into the Markdown file.
+            source = "\n" * (line - 1) + code
+            exec(compile(source, str(path), "exec"), namespace)
+
+
+def commands(text: str) -> list[tuple[str, list[str]]]:
+    """(module, arguments) of every `python -m experiments.X ...` in the page's shell blocks."""
+    found = []
+    for lang, code, _ in blocks(text):
+        if lang not in ("bash", "sh", "shell"):
+            continue
+        pending = ""  # a command continues while a quote is open (ssh --command='...')
+        for line in code.replace("\\\n", " ").splitlines():
+            pending += line + "\n"
+            try:
+                found += _commands_in(pending)
+            except ValueError:  # "No closing quotation": read on
+                continue
+            pending = ""
+    return found
+
+
+def _commands_in(line: str) -> list[tuple[str, list[str]]]:
+    found, tokens = [], shlex.split(line, comments=True)
+    for i, token in enumerate(tokens):
+        if "python -m experiments." in token:  # a quoted command (ssh --command='...')
+            found += _commands_in(token)
+        if token == "-m" and i + 1 < len(tokens) and tokens[i + 1].startswith("experiments."):
+            args = []
+            for arg in tokens[i + 2 :]:
+                if arg in ("|", "&&", ";", "--", "||", ">", "<") or arg == "python":
+                    break
+                args.append(arg)
+            found.append((tokens[i + 1].removeprefix("experiments."), args))
+    return found
+
+
+# Run in a fresh process per entry point (each defines its own absl flags): run the module as
+# __main__ with experiments.cli.main replaced, so that its flags are defined and nothing runs;
+# parse each argument list with those flags, and build the config its --config and
+# --config.a.b=value arguments name.
+_CHECK = r"""
+import json, pathlib, runpy, sys
+from absl import flags
+from experiments import cli, config_utils
+
+name, argvs = sys.argv[1], json.loads(sys.argv[2])
+
+
+class Defined(Exception):
+    pass
+
+
+def define_only(entry, **kwargs):  # stands in for cli.main: the flags exist, nothing runs
+    raise Defined
+
+
+cli.main, sys.argv = define_only, [name]
+try:
+    runpy.run_module(f"experiments.{name}", run_name="__main__")
+except Defined:
+    pass
+except SystemExit:  # a tool that parses its own argv (its usage line): importing is the check
+    print("[]")
+    sys.exit(0)
+if "debug" not in flags.FLAGS:
+    flags.DEFINE_bool("debug", False, "")
+cli._define_cache_flags()
+problems = []
+for argv in argvs:
+    flags.FLAGS.unparse_flags()
+    try:
+        args, overrides = config_utils.split_config_overrides([name, *argv])
+        rest = flags.FLAGS(args)
+        if len(rest) > 1:
+            raise ValueError(f"stray arguments {rest[1:]}")
+        spec = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
+        if spec and pathlib.Path(spec.split(":")[0]).exists():
+            config_utils.load_config(spec, overrides)
+    except Exception as error:
+        problems.append(f"python -m experiments.{name} {' '.join(argv)}: {error}")
+print(json.dumps(problems))
+"""
+
+
+def test_shell_commands_parse():
+    by_module: dict[str, list[list[str]]] = {}
+    for path in PAGES:
+        for module, args in commands(path.read_text()):
+            by_module.setdefault(module, []).append(args)
+    assert len(by_module) >= 10, sorted(by_module)  # train, evaluate, sweep, plan, ...
+    problems = []
+    for module, argvs in sorted(by_module.items()):
+        out = subprocess.run(
+            [sys.executable, "-c", _CHECK, module, json.dumps(argvs)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        problems += json.loads(out.stdout.strip().splitlines()[-1])
+    assert not problems, "\n".join(problems)
+
+
+def test_blocks_and_commands_are_found():
+    text = "a\n<!-- docs-test: setup\nx = 1\n-->\n```python\ny = x\n```\n```bash\n"
+    text += "echo hi | python -m experiments.translate --workdir=runs/a  # c\n"
+    text += "python -m experiments.launch_local --processes=2 -- \\\n"
+    text += "    python -m experiments.train --config=configs/base.py:tiny\n```\n"
+    assert [lang for lang, _, _ in blocks(text)] == ["setup", "python", "bash"]
+    assert blocks(text)[0][1] == "x = 1\n" and blocks(text)[1][2] == 6
+    assert commands(text) == [
+        ("translate", ["--workdir=runs/a"]),
+        ("launch_local", ["--processes=2"]),
+        ("train", ["--config=configs/base.py:tiny"]),
+    ]
