@@ -1,0 +1,217 @@
+"""Rerun a row of the results: `python -m experiments.reproduce --row=ROW [--seeds=0,1,2]`.
+
+For each seed, trains the row's recipe (`experiments.results.ROWS`) in a fresh workdir
+(`--workdir_root/<row>_seed<k>`) with `--config.seed=<k>`, scores it with the row's
+`experiments.evaluate` flags, and writes a record (the commands, seed, commit, versions, host
+and its `jnp.dot` ceiling before and after, wall times, every score) to `<workdir>/record.json`;
+`--record` also files it under docs/records/<row>/ for the results tables
+(`python -m experiments.results` then regenerates them). Prints each seed's figure beside the
+recorded mean ± std and a verdict: within the recorded spread (mean ± max(2 std, one unit of
+the last digit shown)) or not.
+
+`--quick` runs the same recipe for 2 steps and scores 8 examples: not a result, a check that the
+recipe still builds, trains, saves and evaluates (the slow tests run it for every row).
+`--list` prints the rows.
+"""
+
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+from absl import flags
+
+from experiments import cli, results
+
+FLAGS = flags.FLAGS
+QUICK_TRAIN = (
+    "train.num_train_steps=2",
+    "train.eval_every_steps=2",
+    "train.checkpoint_every_steps=2",
+    "train.max_eval_examples=8",
+    "train.log_every_steps=1",
+    "optim.warmup_steps=1",
+)
+QUICK_EVALUATE = ("--max_examples=8", "--sample_windows=8", "--batch_size=8")
+
+
+def commands(row_name: str, seed: int, workdir: pathlib.Path, quick: bool) -> list[list[str]]:
+    """The train and evaluate command lines of one seed of a row."""
+    row = results.ROWS[row_name]
+    train = [
+        "python",
+        "-m",
+        "experiments.train",
+        f"--config={row.config}",
+        f"--config.seed={seed}",
+        f"--workdir={workdir}",
+        "--nocompilation_cache",  # the time of a first run, as the tables report it
+    ]
+    evaluate = ["python", "-m", "experiments.evaluate", f"--workdir={workdir}", *row.evaluate]
+    if quick:
+        train += [f"--config.{override}" for override in QUICK_TRAIN]
+        evaluate = [a for a in evaluate if not a.startswith("--average_last")]
+        evaluate += QUICK_EVALUATE
+    return [train, evaluate]
+
+
+def dot_ceiling(repeats: int = 3) -> tuple[str, list[float]]:
+    """The platform JAX computes on and `repeats` measurements of its float32 `jnp.dot`
+    ceiling (GFLOP/s), in a child process so that this one never starts JAX."""
+    code = (
+        "import jax, json; from experiments.bench import mfu; print(json.dumps([jax.devices()[0]"
+        f".platform, [round(mfu.matmul_ceiling() / 1e9, 1) for _ in range({repeats})]]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        return "", []
+    platform_, gflops = json.loads(done.stdout.strip().splitlines()[-1])
+    return platform_, gflops
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=results.ROOT)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def environment() -> dict:
+    """The versions and the host of a record (its ceiling added by the caller)."""
+    import importlib.metadata as metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return ""
+
+    cpu = ""
+    if pathlib.Path("/proc/cpuinfo").is_file():
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+    return {
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "versions": {
+            "python": platform.python_version(),
+            **{name: version(name) for name in ("tfjax", "jax", "jaxlib", "flax", "optax")},
+        },
+        "host": {"cpu": cpu or platform.processor(), "cores": os.cpu_count(), "accelerator": ""},
+    }
+
+
+def run_seed(row_name: str, seed: int, root: pathlib.Path, quick: bool) -> dict:
+    """Trains and evaluates one seed in a fresh workdir; returns (and writes) its record."""
+    workdir = root / f"{row_name}{'_quick' if quick else ''}_seed{seed}"
+    if workdir.exists():
+        raise cli.UsageError(
+            f"{workdir} exists: reproduce trains in fresh workdirs; move it away or pass "
+            "another --workdir_root"
+        )
+    load = [round(os.getloadavg()[0], 2)]  # other work beside the run slows it: say how much
+    platform_, before = dot_ceiling(0 if quick else 3)
+    walls = []
+    for command in commands(row_name, seed, workdir, quick):
+        print("+ " + " ".join(command), flush=True)
+        start = time.monotonic()
+        done = subprocess.run([sys.executable, *command[1:]], cwd=results.ROOT)
+        walls.append(round(time.monotonic() - start, 1))
+        if done.returncode != 0:
+            raise cli.UsageError(
+                f"{row_name} seed {seed}: {command[2]} ended with status "
+                f"{done.returncode} (its output is above)"
+            )
+    after = [] if quick else dot_ceiling()[1]
+    evaluation = json.loads((workdir / "eval.json").read_text())
+    metrics = {k: v for k, v in evaluation.items() if isinstance(v, int | float)}
+    environment_ = environment()
+    load.append(round(os.getloadavg()[0], 2))
+    environment_["host"].update(accelerator=platform_, dot_gflops=before + after, loadavg=load)
+    record = {
+        "row": row_name,
+        "provenance": "quick" if quick else "measured",
+        "recipe": results.ROWS[row_name].config,
+        "seed": seed,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "commands": [" ".join(c) for c in commands(row_name, seed, workdir, quick)],
+        **environment_,
+        "wall_s": {"train": walls[0], "evaluate": walls[1]},
+        "evaluation": {
+            k: v
+            for k, v in evaluation.items()
+            if not isinstance(v, int | float)
+            or k in ("step", "beam_size", "alpha", "averaged_checkpoints")
+        },
+        "metrics": metrics,
+    }
+    (workdir / "record.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def verdicts(row_name: str, new: list[dict], recorded: list[dict]) -> list[str]:
+    """One line per new record: its figure, the recorded mean ± std, within or not."""
+    row = results.ROWS[row_name]
+    if not recorded:
+        return [
+            f"seed {r['seed']}: {row.metric} {r['metrics'][row.metric]:.6g} "
+            "(no recorded runs to compare with)"
+            for r in new
+        ]
+    summary = results.summarize(row_name, recorded)
+    lines = []
+    for record in new:
+        value = float(record["metrics"][row.metric])
+        verdict = "within the recorded spread" if summary.within(value, row) else "OUTSIDE it"
+        lines.append(
+            f"seed {record['seed']}: {row.metric} {value:.6g}; recorded {summary.mean:.6g} ± "
+            f"{summary.std:.2g} (n = {summary.n}): {verdict}"
+        )
+    return lines
+
+
+def main(argv):
+    if FLAGS.list:
+        for name, row in results.ROWS.items():
+            print(f"{name:30s} {row.config:45s} {row.metric}")
+        return
+    cli.no_arguments(argv)
+    if FLAGS.row not in results.ROWS:
+        raise cli.UsageError(f"--row={FLAGS.row}: choose one of {', '.join(results.ROWS)}")
+    row_name = FLAGS.row
+    if FLAGS.record and FLAGS.quick:
+        raise cli.UsageError("--quick runs are checks, not results: drop --record")
+    seeds = [int(s) for s in FLAGS.seeds]
+    new = [run_seed(row_name, s, pathlib.Path(FLAGS.workdir_root), FLAGS.quick) for s in seeds]
+    if FLAGS.quick:
+        metric = results.ROWS[row_name].metric
+        for record in new:
+            value = record["metrics"][metric]
+            print(f"seed {record['seed']}: trains and evaluates ({metric} {value:.4g} at step 2)")
+        return
+    recorded = [r for r in results.load_records(row_name) if r.get("provenance") != "quick"]
+    for line in verdicts(row_name, new, recorded):
+        print(line)
+    if FLAGS.record:
+        directory = results.RECORDS / row_name
+        directory.mkdir(parents=True, exist_ok=True)
+        for old in directory.glob("*.json"):  # measured records supersede transcribed ones
+            if json.loads(old.read_text()).get("provenance") == "transcribed":
+                old.unlink()
+        for record in new:
+            path = directory / f"seed{record['seed']}.json"
+            path.write_text(json.dumps(record, indent=2) + "\n")
+            print(f"written: {path.relative_to(results.ROOT)}")
+
+
+if __name__ == "__main__":
+    flags.DEFINE_string("row", None, "The row to rerun (--list shows them).")
+    flags.DEFINE_list("seeds", ["0"], "Seeds to run, e.g. 0,1,2.")
+    flags.DEFINE_string("workdir_root", "runs/reproduce", "Where the fresh workdirs go.")
+    flags.DEFINE_bool("quick", False, "2 steps and 8 examples: check the recipe still runs.")
+    flags.DEFINE_bool("record", False, "File the records under docs/records/<row>/.")
+    flags.DEFINE_bool("list", False, "Print the rows and exit.")
+    cli.main(main, compilation_cache=False)
