@@ -735,6 +735,13 @@ MUTATIONS = [
         "fmt, saved, seed),\n        ).read()\n",
         "tests/test_workdir.py::test_decoding_a_workdir_reads_no_data",
     ),
+    M(
+        "resume-reads-the-eval-split-late",
+        "tfjax/runs/trainer.py",
+        "    run.examples.read()  # a resumed run's",
+        "    run.examples  # a resumed run's",
+        "tests/test_workdir.py::test_a_workdir_whose_data_is_gone_still_translates",
+    ),
 ]
 
 

@@ -449,28 +449,44 @@ def test_evaluate_reads_only_the_split_it_scores(trained, monkeypatch, split, ex
     assert reads == expected and record["split"] == expected[0]
 
 
+# The pairs of the "files" run below: its train and test files hold the same lines.
+FILE_PAIRS = "".join(f"s{i} s{i + 1}\ts{i + 1} s{i}\n" for i in range(8))
+
+
 @pytest.fixture(scope="module")
 def data_gone(tmp_path_factory):
-    """A seq2seq workdir trained on a TSV file of the "files" source, then the file deleted."""
+    """(workdir, its eval file, overrides): a seq2seq run trained on the TSV files of the
+    "files" source, then both files deleted."""
     root = tmp_path_factory.mktemp("files_run")
-    data = root / "pairs.tsv"
-    data.write_text("".join(f"s{i} s{i + 1}\ts{i + 1} s{i}\n" for i in range(8)))
-    files = [f"data.train_path={data}", f"data.eval_path={data}", "data.name=files"]
-    config = config_utils.load_config("configs/base.py:tiny", [*REVERSE, *files])
+    train, test = root / "train.tsv", root / "test.tsv"
+    for path in (train, test):
+        path.write_text(FILE_PAIRS)
+    files = ["data.name=files", f"data.train_path={train}", f"data.eval_path={test}"]
+    overrides = [*REVERSE, *files]
+    config = config_utils.load_config("configs/base.py:tiny", overrides)
     trainer.train_and_evaluate(config, root / "run")
-    data.unlink()
-    return root / "run", data, config
+    train.unlink()
+    test.unlink()
+    return root / "run", test, overrides
 
 
-def test_a_workdir_whose_data_is_gone_still_translates(data_gone, monkeypatch):
-    path, data, config = data_gone
+def test_a_workdir_whose_data_is_gone_still_translates(data_gone):
+    path, test, overrides = data_gone
     outputs, _ = workdir.load(path).translate(["s1 s2"], beam_size=1)
     assert len(outputs) == 1
-    with pytest.raises(FileNotFoundError, match=f"{data}: no such file"):
+    with pytest.raises(FileNotFoundError, match=f"{test}: no such file"):
         evaluator.evaluate_workdir(path, beam_size=1)  # the split it scores: one line
+    # Resuming reads both splits before it trains or writes, even with the train file back.
+    train = test.with_name("train.tsv")
+    train.write_text(FILE_PAIRS)
     saved = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
-    with pytest.raises(FileNotFoundError, match=f"{data}: no such file"):
-        trainer.train_and_evaluate(config, path)  # resuming needs the data: before any write
+    more_steps = [*overrides, "train.num_train_steps=4"]
+    config = config_utils.load_config("configs/base.py:tiny", more_steps)
+    try:
+        with pytest.raises(FileNotFoundError, match=f"{test}: no such file"):
+            trainer.train_and_evaluate(config, path)
+    finally:
+        train.unlink()
     assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == saved
 
 
@@ -595,10 +611,10 @@ def test_commands_fail_clearly(trained, module, name, expected, tmp_path):
 
 @pytest.mark.slow
 def test_commands_on_a_workdir_whose_data_is_gone(data_gone):
-    path, data, _ = data_gone
+    path, test, _ = data_gone
     done = _command("translate", f"--workdir={path}", "--beam_size=1", stdin="s1 s2\n")
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done.stderr
     done = _command("evaluate", f"--workdir={path}", "--beam_size=1")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     last = done.stderr.strip().splitlines()[-1]  # after evaluate's log lines
-    assert last.startswith(f"error: {data}: no such file"), done.stderr
+    assert last.startswith(f"error: {test}: no such file"), done.stderr
