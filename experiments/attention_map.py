@@ -93,9 +93,13 @@ def _attention_map() -> None:
             "drawing attention maps needs matplotlib, which is not installed: "
             'pip install -e ".[viz]"'
         )
+    out = pathlib.Path(FLAGS.out) if FLAGS.out else pathlib.Path(FLAGS.workdir) / "attention"
+    if pathlib.Path(FLAGS.workdir).is_dir():  # a read-only --out stops before the restore
+        from tfjax.training import storage
+
+        storage.check_writable(out, f"--out {out}", "pass --out=<a writable directory>")
     trained = workdir.load(FLAGS.workdir, tool=TOOL, step=FLAGS.step)
     maps, text = trained.attention(FLAGS.text, beam_size=FLAGS.beam_size)
-    out = pathlib.Path(FLAGS.out) if FLAGS.out else trained.workdir / "attention"
     paths = draw(maps, out, layers=FLAGS.layers, title=text)
     cli.print_lines([text, *map(str, paths)], [])
 

@@ -4,9 +4,11 @@
   * a user error, something the user can fix, prints `error: <message>` on one line on stderr
     and exits with status 2: a `tfjax.errors.UserError` (config keys, values, presets and files,
     data files, a workdir that is a file, in use or of the wrong kind, damaged or incompatible
-    checkpoints, a diverged loss), a missing or misplaced file or directory (`FileNotFoundError`,
-    `FileExistsError`, `NotADirectoryError`, `IsADirectoryError`, `PermissionError`), and a flag
-    absl rejects (unknown flag, bad value, missing required flag);
+    checkpoints, a diverged loss, a full or read-only disk), a missing or misplaced file or
+    directory (`FileNotFoundError`, `FileExistsError`, `NotADirectoryError`,
+    `IsADirectoryError`, `PermissionError`), any write that met a full or read-only disk
+    (`tfjax.training.storage.storage_problem`), and a flag absl rejects (unknown flag, bad
+    value, missing required flag);
   * Ctrl-C prints `interrupted` and exits with status 130 (a training run keeps its last
     checkpoint and releases the workdir lock on the way out);
   * anything else is a bug: Python's traceback, status 1.
@@ -292,6 +294,9 @@ def report(error: BaseException, *, debug: bool = False) -> int:
     """
     user = isinstance(error, USER_ERRORS)
     interrupted = isinstance(error, KeyboardInterrupt)
+    if not (user or interrupted):
+        storage_error = _storage_error(error)
+        user, error = storage_error is not None, storage_error or error
     if debug or not (user or interrupted):
         traceback.print_exception(error)
     if interrupted:
@@ -301,6 +306,20 @@ def report(error: BaseException, *, debug: bool = False) -> int:
         return 1
     print(f"error: {message(error)}", file=sys.stderr, flush=True)
     return USAGE_STATUS
+
+
+def _storage_error(error: BaseException) -> errors.StorageError | None:
+    """A write anywhere (metrics, config.json, an output file) that met a full or read-only
+    disk, as one line naming the file and its filesystem; None for any other error."""
+    from tfjax.training import storage
+
+    problem = storage.storage_problem(error)
+    if problem is None:
+        return None
+    path = getattr(error, "filename", None) or os.getcwd()
+    if problem == storage.READ_ONLY:
+        return storage.read_only_error(path, str(path))
+    return storage.full_disk_error(path, f"writing {path}")
 
 
 def message(error: BaseException) -> str:

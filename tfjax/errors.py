@@ -51,3 +51,8 @@ class DistributedError(UserError, RuntimeError):
 class ConversionError(UserError, ValueError):
     """A pretrained checkpoint that cannot be converted: another architecture, a missing, unknown
     or misshapen tensor, a config option the model cannot express."""
+
+
+class StorageError(UserError, OSError):
+    """The filesystem cannot take a write: it is full or read-only (the message names it, what
+    was being written and what was kept)."""

@@ -18,6 +18,7 @@ from tfjax.data import datasets, pipeline
 from tfjax.nn import losses
 from tfjax.runs import build
 from tfjax.runs import workdir as workdir_lib
+from tfjax.training import storage
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,7 @@ def _decoded_scores(trained, name: str, **options) -> dict[str, Any]:
 
     hypotheses, references, _ = evaluation.decode_dataset(trained.run, trained.params, **options)
     path = trained.workdir / "eval" / f"{name}.hyp.txt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(f"{line}\n" for line in hypotheses), encoding="utf-8")
+    _write(path, "".join(f"{line}\n" for line in hypotheses))
     scores = {
         "num_examples": len(hypotheses),
         "bleu": evaluation.bleu(hypotheses, references),
@@ -194,6 +194,7 @@ def evaluate_workdir(
                 f"oracle lengths are for greedy decoding: pass beam_size 1, not {beam_size}"
             )
         beam_size = 1
+    check_writable(workdir)
     trained = workdir_lib.load(
         workdir, tool="experiments.evaluate", step=step, split=split, average_last=average_last
     )
@@ -232,10 +233,32 @@ def evaluate_workdir(
     record.update(_sampled_windows(trained, sample_windows))
     record.update(scores)
     text = json.dumps(record, indent=2) + "\n"
-    (trained.workdir / "eval").mkdir(exist_ok=True)
-    (trained.workdir / "eval" / f"{name}.json").write_text(text, encoding="utf-8")
-    (trained.workdir / EVAL_FILE).write_text(text, encoding="utf-8")
+    _write(trained.workdir / "eval" / f"{name}.json", text)
+    _write(trained.workdir / EVAL_FILE, text)
     return record
+
+
+def _write(path: pathlib.Path, text: str) -> None:
+    """Writes an output file whole or not at all (`storage.write_text_atomic`): a full disk
+    is one `StorageError` and keeps the previous file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        problem = storage.storage_problem(err)
+        if problem == storage.FULL:
+            raise storage.full_disk_error(path.parent, f"writing {path}") from err
+        if problem == storage.READ_ONLY:
+            raise storage.read_only_error(path.parent, str(path.parent)) from err
+        raise
+    storage.write_text_atomic(path, text)
+
+
+def check_writable(workdir: str | pathlib.Path) -> None:
+    """Raises `StorageError` when the evaluation could not be written to `workdir/eval` (a
+    read-only workdir): checked before the restore and the decoding, which take minutes."""
+    workdir = pathlib.Path(workdir)
+    if workdir.is_dir():
+        storage.check_writable(workdir / "eval", f"workdir {workdir}")
 
 
 def _decoding_suffix(beam_size: int, alpha: float) -> str:
@@ -283,6 +306,7 @@ def evaluate_files(
         sources, references = sources[:max_examples], references[:max_examples]
     if not sources:
         raise workdir_lib.WorkdirError(f"source_file={source_file} has no lines to translate")
+    check_writable(workdir)
     translator = workdir_lib.load(
         workdir,
         kinds=("encoder_decoder",),
@@ -302,8 +326,7 @@ def evaluate_files(
         name += f"_avg{average_last}"
     name += _decoding_suffix(beam_size, alpha)
     hyp_path = translator.workdir / "eval" / f"{name}.hyp.txt"
-    hyp_path.parent.mkdir(parents=True, exist_ok=True)
-    hyp_path.write_text("".join(f"{line}\n" for line in hypotheses), encoding="utf-8")
+    _write(hyp_path, "".join(f"{line}\n" for line in hypotheses))
     record = {
         "split": "files",
         "source_file": str(source_file),
@@ -323,8 +346,8 @@ def evaluate_files(
     if average_last > 1:
         record["averaged_checkpoints"] = average_last
     text = json.dumps(record, indent=2) + "\n"
-    (translator.workdir / "eval" / f"{name}.json").write_text(text, encoding="utf-8")
-    (translator.workdir / EVAL_FILE).write_text(text, encoding="utf-8")
+    _write(translator.workdir / "eval" / f"{name}.json", text)
+    _write(translator.workdir / EVAL_FILE, text)
     return record
 
 

@@ -36,7 +36,7 @@ from tfjax.data import pipeline
 from tfjax.nn import losses
 from tfjax.parallel import distributed, strategies
 from tfjax.runs import build, evaluator, lock, pretrained
-from tfjax.training import checkpointing, logger, steps
+from tfjax.training import checkpointing, logger, steps, storage
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +315,8 @@ def _check_config_json(workdir: pathlib.Path) -> None:
 
 
 def make_workdir(workdir: pathlib.Path) -> pathlib.Path:
-    """Creates `workdir`, or says in one line why it cannot be one."""
+    """Creates `workdir`, or says in one line why it cannot be one (a file, a read-only mount:
+    an existing workdir is probed with a file write before anything is restored)."""
     for path in (workdir, *workdir.parents):
         if path.exists():
             if not path.is_dir():
@@ -330,6 +331,7 @@ def make_workdir(workdir: pathlib.Path) -> pathlib.Path:
         raise errors.WorkdirError(
             f"cannot create workdir {workdir}: {err.strerror}; choose another workdir"
         ) from err
+    storage.check_writable(workdir, f"workdir {workdir}")
     return workdir
 
 
@@ -346,6 +348,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
         workdir / "checkpoints", max_to_keep=config.train.keep_checkpoints
     ) as checkpointer:
         state, rng, start = _initial_state(run, checkpointer, iterator, workdir)
+        dropped = writer.drop_after(start)  # the steps this run logs again
+        if dropped:
+            log.info(
+                "metrics.jsonl: dropped %d records after step %d (logged again)", dropped, start
+            )
         if chief:  # after the compatibility check: a refused run leaves the workdir as it was
             (workdir / "config.json").write_text(json.dumps(build.config_dict(config), indent=2))
         loop = _Loop(run, iterator, writer, checkpointer, rng, step=start)

@@ -24,6 +24,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, SupportsFloat, SupportsIndex
 
+from tfjax.training import storage
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
@@ -126,6 +128,40 @@ class MetricWriter:
         tensorboard.add_hparams(dict(hparams), values, name="hparams", global_step=global_step)
         tensorboard.flush()
 
+    def drop_after(self, step: int) -> int:
+        """Removes the records of steps after `step` from metrics.jsonl; returns how many.
+
+        A run resumed from the checkpoint of `step` logs the later steps again (a run killed
+        after logging step 50 but saving step 20 logs 30, 40, 50 once more), so the records
+        it replays are dropped before it writes: the file then holds one record per step and
+        kind for every reader (`read_metrics`, jq, pandas), and no record of a trajectory that
+        was thrown away. Done in the trainer rather than in `read_metrics`, because only the
+        trainer knows the step it resumed from, and a reader keeping "the last record of each
+        step" would keep step 50 of the lost trajectory when the resumed run is stopped again
+        before it. The file is rewritten whole through a temporary file (nothing is lost if
+        the rewrite fails); a cut-off last line is dropped too.
+        """
+        if not self.enabled or not self.path.exists():
+            return 0
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        kept = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                record_step = json.loads(line)["step"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                if number == len(lines):
+                    continue  # cut short by a killed run
+                record_step = None  # kept as it was; `read_metrics` reports it
+            if record_step is None or record_step <= step:
+                kept.append(line)
+        dropped = len(lines) - len(kept)
+        if dropped:
+            storage.write_text_atomic(self.path, "".join(f"{line}\n" for line in kept))
+        return dropped
+
     def close(self) -> None:
         """Flushes and closes the files; a later write opens them again."""
         if self._file is not None:
@@ -175,6 +211,8 @@ def read_metrics(workdir: str | os.PathLike, kind: str | None = None) -> list[di
 
     A line cut short by a killed run is skipped: silently when it is the last line, with a
     warning when a resumed run has written after it. "nan"/"inf"/"-inf" strings become floats.
+    Each (step, kind) comes once: a resumed run drops the records it replays before writing
+    (`MetricWriter.drop_after`), so no step of a thrown-away trajectory is read.
 
     Args:
         workdir: run directory.

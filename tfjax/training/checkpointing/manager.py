@@ -3,9 +3,17 @@
 It owns the manager (saving, retention of the newest `max_to_keep` steps, asynchronous writes)
 and the set of steps found damaged in this process; what a step holds is `layout`, how steps are
 read back and checked is `restoring`.
+
+A save that fails because the disk is full (or read-only) fails wherever orbax reports it (the
+save itself, or a later wait, save or close, since the writes run in background threads) as
+one `tfjax.errors.StorageError` naming the filesystem, the step, about how much it needed and
+the last complete checkpoint; the step's partial directory is removed, the complete steps stay.
 """
 
+import contextlib
+import logging
 import os
+import shutil
 from typing import Any
 
 import jax
@@ -14,7 +22,29 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
 from tfjax import errors
+from tfjax.training import storage
 from tfjax.training.checkpointing import layout, restoring
+
+
+class _QuietFullDisk(logging.Filter):
+    """Drops the tracebacks orbax logs (one per background thread) and asyncio logs (writes
+    never awaited) for a save into a directory of `paths` that failed on a full or read-only
+    disk: `Checkpointer` raises the one-line `StorageError` that says the same. Every other
+    record passes."""
+
+    def __init__(self):
+        super().__init__()
+        self.paths: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
+        problem = storage.storage_problem(RuntimeError(text))
+        return problem is None or not any(path in text for path in self.paths)
+
+
+_quiet_full_disk = _QuietFullDisk()
 
 
 class Checkpointer:
@@ -44,6 +74,12 @@ class Checkpointer:
         self.directory = epath.Path(directory).absolute()
         self._manager = _open_manager(self.directory, max_to_keep, async_save)
         self._damaged: set[int] = set()  # steps whose restore failed in this process
+        self._writing: tuple[int, int] | None = None  # (step, bytes) of the save in flight
+        self._failed: errors.StorageError | None = None  # a save that could not be written
+        _quiet_full_disk.paths.add(os.path.join(str(self.directory), ""))
+        for name in ("absl", "asyncio"):  # orbax logs through absl
+            if _quiet_full_disk not in logging.getLogger(name).filters:
+                logging.getLogger(name).addFilter(_quiet_full_disk)
 
     def __enter__(self) -> "Checkpointer":
         return self
@@ -69,12 +105,61 @@ class Checkpointer:
         return restoring.read_configs(self._manager, reversed(self.all_steps()))
 
     def wait(self) -> None:
-        """Blocks until asynchronous saves are on disk; re-raises their errors."""
-        self._manager.wait_until_finished()
+        """Blocks until asynchronous saves are on disk; re-raises their errors (a full or
+        read-only disk as `StorageError`)."""
+        with self._storage_checked():
+            self._manager.wait_until_finished()
+        self._writing = None
 
     def close(self) -> None:
-        """Waits for pending saves and releases orbax's threads."""
-        self._manager.close()
+        """Waits for pending saves and releases orbax's threads.
+
+        A save that failed for lack of space and was reported already is not reported again.
+        """
+        try:
+            if self._failed is None:
+                with self._storage_checked():
+                    self._manager.close()
+            else:
+                with contextlib.suppress(Exception):
+                    self._manager.close()
+        finally:
+            self._writing = None
+
+    @contextlib.contextmanager
+    def _storage_checked(self, step: int | None = None, nbytes: int | None = None):
+        """Turns a full or read-only disk met by the save in flight (or of `step`, `nbytes`)
+        into one `StorageError`, after removing that step's partial directory."""
+        if self._failed is not None:
+            raise self._failed
+        try:
+            yield
+        except Exception as err:
+            problem = storage.storage_problem(err)
+            if problem is None:
+                raise
+            if self._writing is not None:
+                step, nbytes = self._writing
+            self._failed = self._storage_error(problem, step, nbytes)
+            raise self._failed from err
+
+    def _storage_error(self, problem: str, step: int | None, nbytes: int | None):
+        """The error of `problem` (storage.FULL or READ_ONLY) while saving `step`."""
+        if step is not None:
+            _remove_partial(self.directory, step)
+        complete = [s for s in _complete_steps(self.directory) if s != step]
+        kept = (
+            f"the last complete checkpoint is step {complete[-1]}"
+            if complete
+            else "no checkpoint is complete yet"
+        )
+        doing = f"saving step {step}" if step is not None else "saving a checkpoint"
+        if problem == storage.READ_ONLY:
+            error = storage.read_only_error(self.directory, f"checkpoints {self.directory}")
+            return errors.StorageError(f"{error} ({doing}; {kept})")
+        return storage.full_disk_error(
+            self.directory, doing, nbytes, f"{kept}; free space and rerun to resume"
+        )
 
     def save(
         self,
@@ -105,8 +190,11 @@ class Checkpointer:
         """
         args = layout.save_args(state, rng=rng, data_state=data_state, config=config)
         self.wait()  # orbax's save waits for the previous one anyway; this settles all_steps
-        restoring.make_room(self._manager, self.directory, step, damaged=self._damaged)
-        return bool(self._manager.save(step, args=args, force=force))
+        nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+        with self._storage_checked(step, nbytes):
+            restoring.make_room(self._manager, self.directory, step, damaged=self._damaged)
+            self._writing = (step, nbytes)
+            return bool(self._manager.save(step, args=args, force=force))
 
     def restore(
         self,
@@ -198,6 +286,23 @@ def _open_manager(
         enable_async_checkpointing=async_save,
     )
     return ocp.CheckpointManager(directory, options=options)
+
+
+def _complete_steps(directory: epath.Path) -> list[int]:
+    """The steps whose directories orbax has committed (renamed from their temporary names)."""
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def _remove_partial(directory: epath.Path, step: int) -> None:
+    """Removes what a failed save of `step` left, `<step>.orbax-checkpoint-tmp*` (process 0),
+    freeing the space it took; committed steps are never touched."""
+    if jax.process_index() != 0 or not directory.is_dir():
+        return
+    for path in directory.iterdir():
+        if path.name.startswith(f"{step}.orbax-checkpoint-tmp"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _check_not_a_file(directory: epath.Path) -> None:
