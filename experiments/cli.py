@@ -12,6 +12,9 @@
   * Ctrl-C prints `interrupted` and exits with status 130 (a training run keeps its last
     checkpoint and releases the workdir lock on the way out);
   * anything else is a bug: Python's traceback, status 1.
+A process of a multi-process job whose peer died (`tfjax.errors.DistributedError` with
+`exit_at_once`) ends right after its one line, skipping the interpreter's shutdown, where JAX
+would wait for the dead peer.
 `--debug` (every entry point has it) prints the traceback of user errors and Ctrl-C too.
 
 Console output: log records reach stderr as plain lines, `HH:MM:SS message` (INFO),
@@ -108,7 +111,12 @@ def main(
             entry = functools.partial(entry, overrides=overrides)
         app.run(entry, argv=argv, flags_parser=_parse_flags)
     except (Exception, KeyboardInterrupt) as error:
-        sys.exit(report(error, debug=_debug(argv)))
+        status = report(error, debug=_debug(argv))
+        if getattr(error, "exit_at_once", False):  # a peer process died: JAX's shutdown
+            sys.stdout.flush()  # would wait for it past the launcher's grace period
+            sys.stderr.flush()
+            os._exit(status)
+        sys.exit(status)
 
 
 def _with_console_logs(entry: Callable) -> Callable:

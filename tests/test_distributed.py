@@ -4,6 +4,8 @@ Fast checks in this process; the processes themselves are started in tests/test_
 """
 
 import socket
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -74,6 +76,69 @@ def test_a_failed_collective_names_the_dead_peer_and_the_rerun():
     text = str(distributed.peer_lost(gloo, process=0, count=2, step=7))
     assert text.startswith("process 0 of 2 stopped at step 7: a collective failed")
     assert "rerun the same command" in text and "\n" not in text
+
+
+# What orbax's `sync_global_processes` raised in a survivor while its peer was killed mid-save.
+ORBAX_GLOO = (
+    "UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:589] Read error "
+    "[127.0.0.1]:28785: Connection reset by peer"
+)
+
+
+@pytest.mark.parametrize("kind", [ValueError, RuntimeError, jax.errors.JaxRuntimeError])
+def test_every_collective_failure_in_the_watched_run_is_one_distributed_error(monkeypatch, kind):
+    from tfjax.runs import trainer
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    loop = trainer._Loop.__new__(trainer._Loop)  # only its step is read
+    loop.step = 12
+    with pytest.raises(errors.DistributedError) as raised, trainer._peers_watched(loop):
+        raise kind(ORBAX_GLOO)
+    text = str(raised.value)
+    assert text.startswith("process 0 of 2 stopped at step 12: a collective failed (UNKNOWN: Gloo")
+    assert raised.value.exit_at_once
+    with pytest.raises(errors.DistributedError, match="stopped before the first step"):
+        with trainer._peers_watched():
+            raise ValueError(ORBAX_GLOO)
+    for other in (ValueError("shapes (2,) and (3,) differ"), errors.ConfigError("connection")):
+        with pytest.raises(type(other)) as raised, trainer._peers_watched(loop):
+            raise other
+        assert raised.value is other  # not a peer's death: passes unchanged
+
+
+def test_a_lost_peer_skips_waiting_for_the_checkpoint_save(tmp_path, monkeypatch):
+    from tfjax.training import checkpointing
+
+    checkpointer = checkpointing.Checkpointer(tmp_path)
+    closed = []
+    monkeypatch.setattr(checkpointer, "close", lambda: closed.append(True))
+    lost = distributed.peer_lost(ValueError(ORBAX_GLOO), process=1, count=2, step=3)
+    with pytest.raises(errors.DistributedError), checkpointer:
+        raise lost
+    assert not closed
+    with pytest.raises(ValueError), checkpointer:
+        raise ValueError("any other error")
+    assert closed == [True]
+
+
+def test_the_entry_point_ends_at_once_after_a_lost_peer(tmp_path):
+    """One line, status 2, and no interpreter shutdown (where JAX would wait for the peer)."""
+    script = (
+        "import atexit\n"
+        "from experiments import cli\n"
+        "from tfjax.parallel import distributed\n"
+        "atexit.register(lambda: print('shutdown ran', flush=True))\n"
+        "def entry(argv):\n"
+        "    raise distributed.peer_lost(ValueError('Gloo AllGather failed'), process=0,"
+        " count=2, step=4)\n"
+        "cli.main(entry, compilation_cache=False, argv=['tool'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].startswith("error: process 0 of 2 stopped at step 4")
+    assert "shutdown ran" not in done.stdout
 
 
 def test_one_process_feeds_every_row_of_the_batch():

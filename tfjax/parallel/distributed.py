@@ -220,15 +220,21 @@ _PEER_FAILURE = ("gloo", "unavailable", "connection", "coordination", "barrier",
 
 
 def is_peer_failure(error: Exception) -> bool:
-    """Whether a JAX runtime error of a multi-process run says a peer process is gone."""
+    """Whether an error of a multi-process run says a peer process is gone: JAX's own runtime
+    errors and the `ValueError`s orbax raises from gloo alike, matched on their words."""
     return any(word in str(error).lower() for word in _PEER_FAILURE)
 
 
-def peer_lost(error: Exception, *, process: int, count: int, step: int):
-    """The error to raise when a collective failed because another process of the job died."""
+def peer_lost(error: Exception, *, process: int, count: int, step: int | None):
+    """The error to raise when a collective failed because another process of the job died
+    (`step` None: before the first step). Its `exit_at_once` tells the entry point to end the
+    process without JAX's shutdown, which would wait for the dead process."""
     text = " ".join(str(error).split())[:200] or type(error).__name__
-    return errors.DistributedError(
-        f"process {process} of {count} stopped at step {step}: a collective failed "
+    where = "before the first step" if step is None else f"at step {step}"
+    lost = errors.DistributedError(
+        f"process {process} of {count} stopped {where}: a collective failed "
         f"({text}); another process of this job died or lost its connection (see its "
         f"output); {RESUME_HINT}"
     )
+    lost.exit_at_once = True
+    return lost

@@ -15,7 +15,9 @@ Multi-process runs (`tfjax.parallel.distributed`) take the same road in every pr
 feeds its rows of every global batch, and all of them save and restore the checkpoints (orbax
 writes each process's shards); only process 0 writes `config.json`, metrics and TensorBoard.
 A SIGTERM to any process stops all of them at one agreed step, after a checkpoint; a collective
-that fails because a process died raises `tfjax.errors.DistributedError`.
+that fails because a process died, wherever it is (a step, an evaluation, orbax's barriers while
+saving or restoring), raises `tfjax.errors.DistributedError` (`experiments.cli` then ends the
+process at once: JAX's shutdown would wait for the dead peer).
 """
 
 import contextlib
@@ -281,7 +283,8 @@ def train_and_evaluate(
     workdir = make_workdir(pathlib.Path(workdir))
     try:
         with Preemption(early=True) as preemption, lock.held(workdir):  # lock: before writing
-            return _train_and_evaluate(config, workdir, preemption)
+            with _peers_watched():  # a peer lost while the run is built or restored
+                return _train_and_evaluate(config, workdir, preemption)
     except Terminated:
         log.warning("stopped by SIGTERM before the first step: %s", _nothing_saved(workdir))
         return {}
@@ -373,13 +376,26 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
 
 
 @contextlib.contextmanager
-def _peers_watched(loop: _Loop):
-    """Multi-process runs: a collective failed by a dead process becomes a DistributedError."""
+def _peers_watched(loop: "_Loop | None" = None):
+    """Multi-process runs: a collective failed by a dead process becomes a DistributedError.
+
+    Collectives fail in more than one type: JAX's own as `JaxRuntimeError`, those orbax runs
+    while saving (`sync_global_processes`) as a `ValueError` or `RuntimeError` carrying gloo's
+    text ("UNKNOWN: Gloo AllGather failed: ... Connection reset by peer"); each is recognised
+    by its words (`distributed.is_peer_failure`). Errors the user caused pass unchanged.
+    """
     try:
         yield
-    except jax.errors.JaxRuntimeError as err:
-        if jax.process_count() == 1 or not distributed.is_peer_failure(err):
+    except (RuntimeError, ValueError) as err:  # JaxRuntimeError is a RuntimeError
+        if (
+            jax.process_count() == 1
+            or isinstance(err, errors.UserError)
+            or not distributed.is_peer_failure(err)
+        ):
             raise
         raise distributed.peer_lost(
-            err, process=jax.process_index(), count=jax.process_count(), step=loop.step
+            err,
+            process=jax.process_index(),
+            count=jax.process_count(),
+            step=None if loop is None else loop.step,
         ) from err

@@ -84,7 +84,9 @@ class Checkpointer:
     def __enter__(self) -> "Checkpointer":
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if isinstance(exc, errors.DistributedError):
+            return  # a process of the job is gone: waiting for its part of a save would hang
         self.close()
 
     def all_steps(self) -> list[int]:
