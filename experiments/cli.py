@@ -16,6 +16,8 @@ A process of a multi-process job whose peer died (`tfjax.errors.DistributedError
 `exit_at_once`) ends right after its one line, skipping the interpreter's shutdown, where JAX
 would wait for the dead peer.
 `--debug` (every entry point has it) prints the traceback of user errors and Ctrl-C too.
+On a host where libtpu is installed but no TPU is attached, every entry point (and each process
+it starts) computes on the CPU without waking libtpu (`tfjax.training.runtime.cpu_unless_tpu`).
 
 Console output: log records reach stderr as plain lines, `HH:MM:SS message` (INFO),
 `warning: message` and `error: message`, written through tqdm when it is loaded so that a live
@@ -89,6 +91,7 @@ def main(
         argv: the command line, program name first (default `sys.argv`).
     """
     argv = list(sys.argv if argv is None else argv)
+    _cpu_unless_tpu()
     sys.unraisablehook = _ignore_closed_event_loop(sys.unraisablehook)
     if "debug" not in flags.FLAGS:
         flags.DEFINE_bool("debug", False, "Show the traceback of user errors too.")
@@ -194,6 +197,19 @@ def console_logs(*, plain: bool = True, keep_absl: bool = False) -> None:
         root.addHandler(absl_handler)
     if plain:
         root.addHandler(ConsoleHandler())
+
+
+def _cpu_unless_tpu() -> None:
+    """JAX_PLATFORMS=cpu where libtpu is installed on a host without TPUs
+    (`tfjax.training.runtime.cpu_unless_tpu`): no libtpu start-up errors, and the CPU
+    allocator tuning of `experiments.train` applies; child processes (`experiments.sweep`'s
+    runs, `experiments.launch_local`'s processes) inherit it."""
+    from tfjax.training import runtime
+
+    if runtime.cpu_unless_tpu() and "jax" in sys.modules:  # imported early: tell it too
+        import jax
+
+        jax.config.update("jax_platforms", "cpu")
 
 
 def _define_cache_flags() -> None:

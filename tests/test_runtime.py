@@ -3,6 +3,8 @@
 Each case runs in a fresh interpreter: the tuning is process-wide and cannot be undone.
 """
 
+import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -10,6 +12,8 @@ import textwrap
 import pytest
 
 from tfjax.training import runtime
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(runtime.glibc_version() is None, reason="needs glibc (Linux)")
 
@@ -102,3 +106,50 @@ def test_an_explicit_choice_wins(monkeypatch):
     assert runtime.should_tune_malloc(True) is True
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     assert runtime.should_tune_malloc(False) is False
+
+
+def test_cpu_unless_tpu_needs_libtpu_alone_and_no_tpu_device(tmp_path):
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    environ = {}
+    assert runtime.cpu_unless_tpu(environ, ["libtpu"], str(dev))
+    assert environ == {"JAX_PLATFORMS": "cpu"}
+    for chosen in ({"JAX_PLATFORMS": "tpu"}, {"JAX_PLATFORM_NAME": "cpu"}):
+        assert not runtime.cpu_unless_tpu(dict(chosen), ["libtpu"], str(dev))  # the user's
+    for plugins in ([], ["jax_cuda12_plugin", "libtpu"]):
+        environ = {}
+        assert not runtime.cpu_unless_tpu(environ, plugins, str(dev)) and environ == {}
+    (dev / "vfio").mkdir()
+    (dev / "vfio" / "vfio").touch()  # the control file alone: no chip
+    assert runtime.cpu_unless_tpu({}, ["libtpu"], str(dev))
+    (dev / "vfio" / "0").touch()  # a TPU v5p / v6e chip
+    assert not runtime.cpu_unless_tpu({}, ["libtpu"], str(dev))
+    (dev / "vfio" / "0").unlink()
+    (dev / "accel0").touch()  # a TPU v4 / v5e chip
+    assert not runtime.cpu_unless_tpu({}, ["libtpu"], str(dev))
+
+
+@pytest.mark.slow
+def test_a_sweep_run_without_jax_platforms_is_tuned_and_quiet(tmp_path):
+    """A sweep's child run where libtpu is installed on a host without TPUs (this one, when
+    it is): the allocator is tuned as in `experiments.train` and libtpu prints nothing."""
+    if runtime.accelerator_plugins() != ["libtpu"] or runtime.tpu_devices_present():
+        pytest.skip("needs libtpu installed, no other accelerator plugin and no TPU chip")
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    tiny = ["data.name=reverse", "data.num_train_examples=64", "data.num_eval_examples=10"]
+    tiny += ["data.task_max_len=6", "data.max_source_len=8", "data.max_target_len=8"]
+    config = tmp_path / "one_point.py"  # the tiny preset, a sweep of one run
+    config.write_text(
+        "from configs import base\n"
+        "def get_config(arg=None):\n    return base.get_config(arg)\n"
+        "def get_sweep(arg=None):\n    return [{'optim.learning_rate': 0.001}]\n"
+    )
+    command = [sys.executable, "-m", "experiments.sweep", f"--config={config}:tiny"]
+    command += ["--sweep=one", f"--workdir={tmp_path}", "--config.train.num_train_steps=1"]
+    command += [f"--config.{o}" for o in tiny]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "host malloc: glibc" in output and ", tuned" in output, output[-3000:]
+    for word in ("TPU", "libtpu", "InitGoogle", "E0000"):
+        assert word not in output, output[-3000:]

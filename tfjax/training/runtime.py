@@ -27,6 +27,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import os
+import pathlib
 
 # mallopt parameter numbers from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
@@ -124,6 +125,35 @@ def cpu_only() -> bool:
     if names:
         return names == {"cpu"}
     return not accelerator_plugins()
+
+
+def tpu_devices_present(dev: str = "/dev") -> bool:
+    """Whether this host has TPU chips: `/dev/accel*` (TPU v2-v5e) or `/dev/vfio/<n>` (v5p,
+    v6e), the device files libtpu opens."""
+    root = pathlib.Path(dev)
+    vfio = root / "vfio"
+    numbered = vfio.is_dir() and any(p.name.isdigit() for p in vfio.iterdir())
+    return numbered or any(root.glob("accel*"))
+
+
+def cpu_unless_tpu(environ=os.environ, plugins: list[str] | None = None, dev: str = "/dev") -> bool:
+    """Sets JAX_PLATFORMS=cpu in `environ` where libtpu is the only accelerator backend
+    installed but the host has no TPU (`tpu_devices_present`); returns whether it did.
+
+    Otherwise JAX starts libtpu, which probes the cloud metadata server and prints start-up
+    errors ("could not determine TPU accelerator type", "unexpected worker hostname") before
+    falling back to the CPU, and `cpu_only()` cannot tell the run will be on the CPU (the
+    allocator then stays untuned). A host with TPU chips, a GPU plugin, or JAX_PLATFORMS (or
+    JAX_PLATFORM_NAME) already set is left alone. Call it before JAX is imported; the entry
+    points (`experiments.cli.main`) do, and processes they start inherit the setting.
+    """
+    if environ.get("JAX_PLATFORMS") or environ.get("JAX_PLATFORM_NAME"):
+        return False
+    plugins = accelerator_plugins() if plugins is None else plugins
+    if plugins != ["libtpu"] or tpu_devices_present(dev):
+        return False
+    environ["JAX_PLATFORMS"] = "cpu"
+    return True
 
 
 def should_tune_malloc(requested: bool | None) -> bool:
