@@ -357,6 +357,43 @@ def test_a_dead_process_ends_the_job_and_the_rerun_resumes(
     _assert_close(_params(workdir, STEPS), _params(eight_devices[0], STEPS))
 
 
+# Loaded by every process of the job (PYTHONPATH): process 1 kills itself as it starts saving
+# step 3, so process 0 meets its death in orbax's barrier at the start of that save.
+_DIE_IN_SAVE = """
+import os
+if os.environ.get("TFJAX_PROCESS_ID") == "1":
+    import signal
+    import orbax.checkpoint as ocp
+    _save = ocp.CheckpointManager.save
+    def _dying(self, step, *args, **kwargs):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _save(self, step, *args, **kwargs)
+    ocp.CheckpointManager.save = _dying
+"""
+
+
+def test_a_process_killed_while_the_other_saves_ends_the_survivor_in_one_line(root, tmp_path):
+    """Process 1 dies as a checkpoint save starts: process 0 meets it in orbax's barrier (a
+    gloo ValueError, not a JaxRuntimeError), prints the one-line DistributedError and exits by
+    itself, within the launcher's grace period."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(_DIE_IN_SAVE)
+    env = _env(root)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(inject), env.get("PYTHONPATH")]))
+    train = _train(tmp_path / "run", STEPS, "train.checkpoint_every_steps=1")
+    result = _run(_launch(train, flags=[f"--grace_seconds={HEARTBEAT + 30}"]), env)
+    text = result.stdout + result.stderr
+    assert result.returncode == 128 + signal.SIGKILL, text[-6000:]
+    assert "error: process 1 of 2 was killed by SIGKILL first." in text
+    assert "killed process(es)" not in text, text[-6000:]  # process 0 ended by itself
+    survivor = [line for line in text.splitlines() if "error: process 0 of 2 stopped" in line]
+    assert len(survivor) == 1, text[-6000:]
+    assert "at step 3: a collective failed" in survivor[0], survivor[0]
+    assert "most recent call" not in text, text[-6000:]  # no traceback, no crash in shutdown
+
+
 def _errors(text: str) -> list[str]:
     return [line for line in text.splitlines() if "error: " in line]
 
