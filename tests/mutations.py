@@ -742,6 +742,54 @@ MUTATIONS = [
         "    run.examples  # a resumed run's",
         "tests/test_workdir.py::test_a_workdir_whose_data_is_gone_still_translates",
     ),
+    # A full or read-only disk, a resumed run's metrics, lost peers, the CPU set-up
+    M(
+        "full-disk-partial-step-kept",
+        "tfjax/training/checkpointing/manager.py",
+        "            _remove_partial(self.directory, step)",
+        "            pass",
+        "tests/test_disk_faults.py::"
+        "test_a_full_disk_in_a_background_save_is_one_error_naming_the_steps",
+    ),
+    M(
+        "read-only-workdir-not-probed",
+        "tfjax/runs/trainer.py",
+        '    storage.check_writable(workdir, f"workdir {workdir}")',
+        "",
+        "tests/test_disk_faults.py::test_read_only_workdir_stops_before_the_restore",
+    ),
+    M(
+        "metrics-replayed-steps-kept",
+        "tfjax/training/logger.py",
+        "            if record_step is None or record_step <= step:",
+        "            if True:",
+        "tests/test_disk_faults.py::test_drop_after_keeps_the_steps_up_to_the_resumed_one",
+    ),
+    M(
+        "peer-watch-jax-errors-only",
+        "tfjax/runs/trainer.py",
+        "    except (RuntimeError, ValueError) as err:  # JaxRuntimeError is a RuntimeError",
+        "    except jax.errors.JaxRuntimeError as err:",
+        "tests/test_distributed.py",
+        "-k",
+        "every_collective_failure",
+    ),
+    M(
+        "peer-lost-exits-through-jax-shutdown",
+        "experiments/cli.py",
+        "            os._exit(status)",
+        "            pass",
+        "tests/test_multihost.py",
+        "-k",
+        "killed_while_the_other_saves",
+    ),
+    M(
+        "libtpu-woken-without-tpu",
+        "tfjax/training/runtime.py",
+        '    environ["JAX_PLATFORMS"] = "cpu"\n    return True',
+        "    return True",
+        "tests/test_runtime.py::test_cpu_unless_tpu_needs_libtpu_alone_and_no_tpu_device",
+    ),
 ]
 
 

@@ -2,11 +2,12 @@
 
 `steps` (TrainState, pure train and eval steps), `mlm` (BERT's masked-LM objective), `optim`
 (schedules and optax chains), `checkpointing` (orbax, checksums and fallback), `logger`
-(metrics.jsonl, TensorBoard, progress bar) and `runtime` (host allocator tuning).
+(metrics.jsonl, TensorBoard, progress bar), `runtime` (host allocator tuning, libtpu on hosts
+without TPUs) and `storage` (a full or read-only disk in one line, atomic writes).
 The loop that uses them is `tfjax.runs.trainer`.
 """
 
 from tfjax import _lazy
 
-__all__ = ["checkpointing", "logger", "mlm", "optim", "runtime", "steps"]
+__all__ = ["checkpointing", "logger", "mlm", "optim", "runtime", "steps", "storage"]
 __getattr__, __dir__ = _lazy.submodules(__name__, __all__)
