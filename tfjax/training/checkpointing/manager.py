@@ -189,6 +189,8 @@ class Checkpointer:
         Raises:
             TypeError: if `rng` is not a typed key or a JSON item is not plain JSON.
             ValueError: if a readable checkpoint for `step` already exists.
+            tfjax.errors.StorageError: if this save, or the one before it still being
+                written, met a full or read-only disk (then every later call raises it too).
         """
         args = layout.save_args(state, rng=rng, data_state=data_state, config=config)
         self.wait()  # orbax's save waits for the previous one anyway; this settles all_steps
