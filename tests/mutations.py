@@ -92,7 +92,7 @@ MUTATIONS = [
     ),
     M(
         "encoder-window-dropped",
-        "tfjax/nn/transformer.py",
+        "tfjax/models/transformer.py",
         "window = self._window(segment_ids, positions, causal=False)",
         "window = None if cfg.window_radius else "
         "self._window(segment_ids, positions, causal=False)",
@@ -506,7 +506,7 @@ MUTATIONS = [
     ),
     M(
         "window-decoder-ignored",
-        "tfjax/nn/transformer.py",
+        "tfjax/models/transformer.py",
         "window = None if decode else self._window(segment_ids, positions, causal=True)",
         "window = None if decode or cfg.window_radius else "
         "self._window(segment_ids, positions, causal=True)",
@@ -672,7 +672,7 @@ MUTATIONS = [
     ),
     M(
         "fused-impl-not-passed",
-        "tfjax/nn/transformer.py",
+        "tfjax/models/transformer.py",
         "        impl=cfg.residual_impl,",
         '        impl="xla",',
         "tests/test_fused_residual.py::test_model_dropout_is_applied_and_reproducible",

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tfjax import errors, models
-from tfjax.nn import fused, layers
+from tfjax.nn import fused, layers, norms
 
 ON_GPU = jax.default_backend() == "gpu"
 
@@ -76,7 +76,7 @@ def test_gradients_match_the_reference(rate, block_rows, shape):
 def test_without_dropout_equals_the_xla_layer_norm():
     x, y, scale, bias, _ = _inputs((2, 4, 16))
     out = fused.dropout_add_layer_norm(x, y, scale, bias, rate=0.0)
-    np.testing.assert_allclose(out, layers.layer_norm(x + y, scale, bias), atol=2e-6)
+    np.testing.assert_allclose(out, norms.layer_norm(x + y, scale, bias), atol=2e-6)
 
 
 def test_bfloat16_matches_the_reference():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tfjax import models
-from tfjax.nn import layers, losses
+from tfjax.nn import layers, losses, norms
 
 X = jax.random.normal(jax.random.key(0), (2, 3, 8)) * 3.0 + 1.0
 
@@ -16,7 +16,7 @@ X = jax.random.normal(jax.random.key(0), (2, 3, 8)) * 3.0 + 1.0
 def test_layer_norm_matches_formula():
     scale = jnp.linspace(0.5, 2.0, 8)
     bias = jnp.linspace(-1.0, 1.0, 8)
-    out = layers.layer_norm(X, scale, bias, eps=1e-6)
+    out = norms.layer_norm(X, scale, bias, eps=1e-6)
     x = np.asarray(X, np.float64)[1, 2]
     mean = sum(x) / 8
     var = sum((xi - mean) ** 2 for xi in x) / 8
@@ -31,19 +31,19 @@ def test_rms_norm_matches_formula_and_modules_own_params():
     x = np.asarray(X, np.float64)[0, 1]
     rms = math.sqrt(sum(xi * xi for xi in x) / 8 + 1e-6)
     np.testing.assert_allclose(
-        layers.rms_norm(X, scale)[0, 1], x / rms * np.asarray(scale), rtol=1e-5
+        norms.rms_norm(X, scale)[0, 1], x / rms * np.asarray(scale), rtol=1e-5
     )
-    ln = layers.LayerNorm().init(jax.random.key(0), X)["params"]
+    ln = norms.LayerNorm().init(jax.random.key(0), X)["params"]
     assert set(ln) == {"scale", "bias"}
-    rms_params = layers.RMSNorm().init(jax.random.key(0), X)["params"]
+    rms_params = norms.RMSNorm().init(jax.random.key(0), X)["params"]
     assert set(rms_params) == {"scale"}
     with pytest.raises(ValueError, match="norm"):
-        layers.make_norm("batchnorm", epsilon=1e-6, dtype=jnp.float32, param_dtype=jnp.float32)
+        norms.make_norm("batchnorm", epsilon=1e-6, dtype=jnp.float32, param_dtype=jnp.float32)
 
 
 def test_norm_in_bfloat16_computes_statistics_in_float32():
     big = (X + 1000.0).astype(jnp.bfloat16)
-    out = layers.LayerNorm(dtype=jnp.bfloat16).apply(
+    out = norms.LayerNorm(dtype=jnp.bfloat16).apply(
         {"params": {"scale": jnp.ones(8), "bias": jnp.zeros(8)}}, big
     )
     assert out.dtype == jnp.bfloat16
@@ -157,9 +157,9 @@ def test_residual_post_and_pre_ln(position):
     out = module.apply(variables, X, fn)
     ones, zeros = jnp.ones(8), jnp.zeros(8)
     if position == "post":
-        expected = layers.layer_norm(X + fn(X), ones, zeros)
+        expected = norms.layer_norm(X + fn(X), ones, zeros)
     else:
-        expected = X + fn(layers.layer_norm(X, ones, zeros))
+        expected = X + fn(norms.layer_norm(X, ones, zeros))
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
 
 

@@ -241,7 +241,7 @@ from tfjax.parallel import distributed
 distributed.initialize(distributed.job_from_environ())
 import jax
 from jax.experimental import multihost_utils
-from tfjax.runs import build, trainer
+from tfjax.runs import build
 
 out = pathlib.Path(sys.argv[1])
 for mode, fsdp in (("pmap", 1), ("sharded", 2)):
@@ -249,7 +249,7 @@ for mode, fsdp in (("pmap", 1), ("sharded", 2)):
     config = config_utils.load_config(sys.argv[2], overrides)
     run = build.build(config, out / "workdir")
     rows = run.strategy.host_rows(config.train.global_batch_size)
-    iterator = trainer.train_iterator(run)
+    iterator = build.train_iterator(run)
     local, assembled = [], []
     for _ in range(3):
         batch = next(iterator)

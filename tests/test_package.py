@@ -116,3 +116,93 @@ def test_errors_import_nothing_and_keep_their_builtin_bases():
         (errors.DistributedError, RuntimeError),
     ]:
         assert issubclass(cls, errors.UserError) and issubclass(cls, base)
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return getattr(test, "id", getattr(test, "attr", None)) == "TYPE_CHECKING"
+
+
+def _module_imports(name: str, path: pathlib.Path, modules: set[str]) -> set[str]:
+    """The tfjax modules `name` imports anywhere (inside functions too, not under
+    `if TYPE_CHECKING:`); `from tfjax.a import b` is the module tfjax.a.b when b is one, else
+    tfjax.a. A package's own module is its `__init__.py`."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                found.add(sub if sub in modules else source)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return {m for m in found if m in modules and m != name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def test_cycles_finds_a_lazy_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    paths = {_module_name(p): p for p in (ROOT / "tfjax").rglob("*.py")}
+    graph = {name: _module_imports(name, path, set(paths)) for name, path in paths.items()}
+    assert "tfjax.runs.build" in graph["tfjax.runs.trainer"]  # imports within a folder count
+    assert "tfjax.inference.evaluation" in graph["tfjax.runs.evaluator"]  # ... inside functions
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)

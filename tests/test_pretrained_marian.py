@@ -339,9 +339,7 @@ def converted(marian_dir, tmp_path_factory):
 def test_a_converted_workdir_translates_as_hf_generate(marian_dir, converted):
     directory, hf_model = marian_dir
     run_dir, _ = converted
-    assert json.loads((run_dir / runs_pretrained.DECODING_FILE).read_text()) == (
-        _search_options(directory)
-    )
+    assert json.loads((run_dir / workdir.DECODING_FILE).read_text()) == (_search_options(directory))
     translator = workdir.load(run_dir, kinds=("encoder_decoder",))
     lines = hf_checkpoints.TEXTS[:3]
     ours, _ = translator.translate(lines)  # the checkpoint's beam 4, length penalty 1.0
@@ -386,7 +384,7 @@ def test_fine_tuning_a_converted_marian_lowers_the_loss(converted, tmp_path):
         if json.loads(line)["kind"] == "train"
     ]
     assert len(losses) == 6 and losses[-1] < losses[0], losses
-    assert (tuned / runs_pretrained.DECODING_FILE).is_file()  # decodes as the checkpoint did
+    assert (tuned / workdir.DECODING_FILE).is_file()  # decodes as the checkpoint did
     runs_pretrained.export(tuned, tmp_path / "exported")
     reloaded = transformers.MarianMTModel.from_pretrained(str(tmp_path / "exported"))
     params = workdir.load(tuned).params

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tfjax import models
-from tfjax.nn import transformer
+from tfjax.models import transformer
 
 torch = pytest.importorskip(
     "torch", reason="parity tests need the 'parity' extra: pip install torch"

@@ -232,7 +232,7 @@ def make_decoder(
         alpha: the beam search length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016).
         max_length: L, the target positions to produce (EOS included).
         search: more `beam_search.beam_search` options (`SEARCH_OPTIONS`), e.g. a converted
-            checkpoint's (`tfjax.runs.pretrained.decoding_defaults`); None: the defaults.
+            checkpoint's (`tfjax.runs.workdir.decoding_defaults`); None: the defaults.
 
     Returns:
         `decode(params, inputs, inputs_segment_ids, lengths=None) -> tokens`: inputs and

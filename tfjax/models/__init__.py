@@ -7,7 +7,7 @@ Sources:
 - decoder-only causal language model: Radford et al. 2018 (GPT), §3.1; Liu et al. 2018, §4.
 
 `from tfjax import models` gives the names below; the stacks they are built from live in
-`tfjax.nn.transformer`.
+`tfjax.models.transformer`.
 """
 
 import flax.linen as nn

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from tfjax import errors
-from tfjax.nn import attention, layers, positional, stacking
+from tfjax.nn import attention, layers, norms, positional, stacking
 
 KINDS = ("encoder_decoder", "encoder_only", "decoder_only")
 POSITIONALS = ("sinusoidal", "learned", "relative", "rotary", "alibi", "none")
@@ -151,7 +151,7 @@ _CHOICES = {
     "score": attention.SCORES,
     "attention_impl": attention.IMPLEMENTATIONS,
     "residual_impl": layers.RESIDUAL_IMPLS,
-    "norm": layers.NORMS,
+    "norm": norms.NORMS,
     "norm_position": layers.NORM_POSITIONS,
     "activation": layers.ACTIVATIONS,
     "encoder_head": ENCODER_HEADS,

@@ -3,9 +3,8 @@
 import flax.linen as nn
 from jaxtyping import Array, Float, Int
 
-from tfjax.models import common
+from tfjax.models import common, transformer
 from tfjax.models.config import ModelConfig
-from tfjax.nn import transformer
 
 
 class EncoderDecoder(nn.Module, common.OutputMixin):

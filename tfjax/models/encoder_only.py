@@ -4,9 +4,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from tfjax.models import common
+from tfjax.models import common, transformer
 from tfjax.models.config import ModelConfig
-from tfjax.nn import layers, linear, transformer
+from tfjax.nn import layers, linear
 
 
 class EncoderOnly(nn.Module):
@@ -34,12 +34,7 @@ class EncoderOnly(nn.Module):
             self.head_dropout = layers.Dropout(cfg.dropout_rate)
         else:
             self.mlm_dense = dense(cfg.token_width)
-            self.mlm_norm = layers.make_norm(
-                cfg.norm,
-                epsilon=cfg.layer_norm_epsilon,
-                dtype=cfg.compute_dtype,
-                param_dtype=cfg.params_dtype,
-            )
+            self.mlm_norm = transformer.config_norm(cfg)
             if not cfg.tie_output:
                 self.logits_dense = common.make_logits_dense(cfg)
             elif cfg.has_output_bias:

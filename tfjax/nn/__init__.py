@@ -6,10 +6,10 @@ Nothing here knows about configs, data or training; everything is usable on its 
 
 Submodules: `masking` (boolean masks), `positional` (sinusoidal, learned, relative, rotary,
 ALiBi), `attention` (score functions, masked softmax, `MultiHeadAttention`, local and cached
-attention), `linear` (the dense layers' matmul), `layers` (norms, feed-forward, embeddings,
-residual sub-layers), `transformer` (encoder and decoder layers and stacks), `stacking` (a
-stack's layers as a loop or one scan, rematerialisation, the two parameter layouts) and `losses`
-(label-smoothed cross-entropy and metric sums).
+attention), `linear` (the dense layers' matmul), `norms` (LayerNorm, RMSNorm), `layers`
+(feed-forward, embeddings, residual sub-layers), `stacking` (a stack's layers as a loop or one
+scan, rematerialisation, the two parameter layouts) and `losses` (label-smoothed cross-entropy
+and metric sums). The encoder and decoder stacks of a `ModelConfig` are `tfjax.models.transformer`.
 """
 
 from tfjax import _lazy
@@ -20,8 +20,8 @@ __all__ = [
     "linear",
     "losses",
     "masking",
+    "norms",
     "positional",
     "stacking",
-    "transformer",
 ]
 __getattr__, __dir__ = _lazy.submodules(__name__, __all__)

@@ -18,7 +18,7 @@ kernel trains with different (equally distributed) dropout draws.
 
 On a GPU the kernels compile through Pallas's Triton backend, which needs the width D to be a
 power of two; elsewhere they run in Pallas's interpreter (`interpret=True`: correct, for tests,
-not fast). Statistics are in float32, as in `layers.layer_norm`. jax 0.11 deprecates Pallas's
+not fast). Statistics are in float32, as in `norms.layer_norm`. jax 0.11 deprecates Pallas's
 Triton backend in favour of Mosaic GPU; this module is imported only when
 `residual_impl="pallas"` asks for it, and a Mosaic GPU port is the follow-up.
 """
@@ -32,7 +32,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 from jaxtyping import Array, Float
 
-from tfjax.nn import layers
+from tfjax.nn import norms
 
 _MIX_1 = 0x7FEB352D
 _MIX_2 = 0x846CA68B
@@ -97,7 +97,7 @@ def reference(
         keep = keep_mask(seeds, y2.shape, rate)
         y2 = jnp.where(keep, (y2 / (1.0 - rate)).astype(y.dtype), jnp.zeros_like(y2))
     z = x + y2.reshape(x.shape)
-    return layers.layer_norm(z, scale, bias, eps)
+    return norms.layer_norm(z, scale, bias, eps)
 
 
 def _setting(name: str) -> int:

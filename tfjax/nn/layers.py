@@ -1,8 +1,6 @@
-"""Layers: norms, feed-forward blocks, token embeddings with tied logits, residual sub-layers.
+"""Layers: feed-forward blocks, token embeddings with tied logits, residual sub-layers.
 
 Sources:
-- LayerNorm, gamma * (x - mean) / sqrt(var + eps) + beta: Ba et al. 2016, §3;
-- RMSNorm, gamma * x / sqrt(mean(x^2) + eps): Zhang & Sennrich 2019, §4;
 - position-wise feed-forward max(0, x W1 + b1) W2 + b2: Vaswani et al. 2017, §3.3 (Eq. 2);
   GELU: Hendrycks & Gimpel 2016 (exact, or its tanh approximation, §2, as GPT-2 and T5 v1.1
   use it); SiLU / Swish: Ramachandran et al. 2017 (Marian's "swish"); gated variants
@@ -12,7 +10,7 @@ Sources:
 - residual sub-layer LayerNorm(x + Dropout(Sublayer(x))) (post-LN): Vaswani §3.1 and §5.4;
   pre-LN x + Dropout(Sublayer(LayerNorm(x))): Xiong et al. 2020, §3.
 
-Norm statistics are computed in float32 and cast back to the compute dtype.
+The norms live in `tfjax.nn.norms`.
 """
 
 import numbers
@@ -24,80 +22,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from tfjax.nn import linear, prng
+from tfjax.nn import linear, norms, prng
 
-NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("post", "pre")
 RESIDUAL_IMPLS = ("xla", "pallas")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu_tanh")
 GATED_ACTIVATIONS = ("swiglu", "geglu_tanh")
-
-
-def layer_norm(
-    x: Float[Array, "*B D"],
-    scale: Float[Array, " D"],
-    bias: Float[Array, " D"] | None,
-    eps: float = 1e-6,
-) -> Float[Array, "*B D"]:
-    """gamma * (x - mean) / sqrt(var + eps) + beta over the last axis, statistics in float32."""
-    x32 = x.astype(jnp.float32)
-    mean = jnp.mean(x32, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
-    y = (x32 - mean) * jax.lax.rsqrt(var + eps) * scale.astype(jnp.float32)
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(x.dtype)
-
-
-def rms_norm(
-    x: Float[Array, "*B D"], scale: Float[Array, " D"], eps: float = 1e-6
-) -> Float[Array, "*B D"]:
-    """gamma * x / sqrt(mean(x^2) + eps) over the last axis, statistics in float32."""
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
-    return (y * scale.astype(jnp.float32)).astype(x.dtype)
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with parameters "scale" [D] (ones) and "bias" [D] (zeros)."""
-
-    epsilon: float = 1e-6
-    use_bias: bool = True
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: Float[Array, "*B D"]) -> Float[Array, "*B D"]:
-        d = x.shape[-1]
-        scale = self.param("scale", nn.initializers.ones, (d,), self.param_dtype)
-        bias = (
-            self.param("bias", nn.initializers.zeros, (d,), self.param_dtype)
-            if (self.use_bias)
-            else None
-        )
-        return layer_norm(x.astype(self.dtype), scale, bias, self.epsilon)
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm with a parameter "scale" [D] (ones)."""
-
-    epsilon: float = 1e-6
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: Float[Array, "*B D"]) -> Float[Array, "*B D"]:
-        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
-        return rms_norm(x.astype(self.dtype), scale, self.epsilon)
-
-
-def make_norm(kind: str, *, epsilon: float, dtype, param_dtype, name: str | None = None):
-    """Builds the norm called `kind` (one of `NORMS`)."""
-    if kind == "layernorm":
-        return LayerNorm(epsilon, dtype=dtype, param_dtype=param_dtype, name=name)
-    if kind == "rmsnorm":
-        return RMSNorm(epsilon, dtype=dtype, param_dtype=param_dtype, name=name)
-    raise ValueError(f"norm={kind!r} is not one of {NORMS}")
 
 
 class FeedForward(nn.Module):
@@ -270,7 +200,7 @@ class Residual(nn.Module):
             return self._fused(x, fn, deterministic=deterministic)
         if self.impl != "xla":
             raise ValueError(f"impl={self.impl!r} is not one of {RESIDUAL_IMPLS}")
-        norm = make_norm(
+        norm = norms.make_norm(
             self.norm,
             epsilon=self.epsilon,
             dtype=self.dtype,

@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 
 from tfjax import errors, models
-from tfjax.data import datasets, tokenizers
+from tfjax.data import datasets, pipeline, tokenizers
 from tfjax.inference import decoding
 from tfjax.models import partitioning
 from tfjax.nn import stacking
@@ -334,6 +334,18 @@ def build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Run:
         optimizer,
         make_greedy(model, config.data.max_target_len, examples.tokenizer.eos_id),
     )
+
+
+def train_iterator(run: Run) -> pipeline.BatchIterator:
+    """This process's rows of every global training batch (all of them in one process)."""
+    global_batch_size = run.config.train.global_batch_size
+    dataset = pipeline.make_host_dataset(
+        run.examples.train,
+        global_batch_size=global_batch_size,
+        rows=run.strategy.host_rows(global_batch_size),
+        seed=run.config.seed,
+    )
+    return pipeline.BatchIterator(dataset)
 
 
 # The pieces of `build` that need no data: ahead-of-time planning (`tfjax.runs.plan`) builds

@@ -28,12 +28,10 @@ import ml_collections
 from tfjax import errors, models, pretrained
 from tfjax.data import datasets, pretrained_tokenizer
 from tfjax.runs import build
+from tfjax.runs import workdir as workdir_lib
 from tfjax.training import checkpointing, steps
 
 HF_CONFIG_FILE = "hf_config.json"  # the converted checkpoint's config.json
-# How the checkpoint decodes (its generation_config.json in tfjax's search options): the
-# defaults of `experiments.translate` and `evaluate` on the workdir (`decoding_defaults`).
-DECODING_FILE = "hf_decoding.json"
 # Model fields a run started from a pretrained model may set its own way.
 RUN_FIELDS = ("model.dropout_rate", "model.attention_dropout_rate", *build.LAYOUT_KEYS)
 RUN_FIELDS += ("model.dtype", "model.param_dtype", "model.attention_impl")
@@ -122,30 +120,22 @@ def convert(
 
 
 def _write_decoding(hf_dir: pathlib.Path, workdir: pathlib.Path) -> None:
-    """Writes `DECODING_FILE` for families that decode their own way (Marian)."""
+    """Writes `workdir_lib.DECODING_FILE` for families that decode their own way (Marian)."""
     hf_config = pretrained.read_hf_config(hf_dir)
     options = getattr(pretrained.family(hf_config), "decoding_options", None)
     if options is not None:
         text = json.dumps(options(hf_dir, hf_config), indent=2) + "\n"
-        (workdir / DECODING_FILE).write_text(text, encoding="utf-8")
-
-
-def decoding_defaults(workdir: str | pathlib.Path) -> dict:
-    """The decoding options a converted workdir was given (`DECODING_FILE`; {} for others)."""
-    path = pathlib.Path(workdir) / DECODING_FILE
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        (workdir / workdir_lib.DECODING_FILE).write_text(text, encoding="utf-8")
 
 
 def _save_step0(run: build.Run, workdir: pathlib.Path, params: dict) -> None:
     """Writes the checkpoint at step 0: the converted parameters, fresh optimizer moments."""
-    from tfjax.runs import trainer  # the loop's iterator and rng streams, exactly
-
     params = jax.tree.map(jnp.asarray, params)
     state = steps.TrainState(
         step=jnp.zeros((), jnp.int32), params=params, opt_state=run.optimizer.init(params)
     )
     _, dropout_rng = jax.random.split(jax.random.key(run.config.seed))
-    iterator = trainer.train_iterator(run)
+    iterator = build.train_iterator(run)  # the loop's, exactly
     with checkpointing.Checkpointer(workdir / "checkpoints") as checkpointer:
         checkpointer.save(
             0,
@@ -163,8 +153,6 @@ def export(workdir: str | pathlib.Path, out_dir: str | pathlib.Path, *, step: in
     Raises:
         tfjax.errors.WorkdirError: for a workdir not converted from a Hugging Face checkpoint.
     """
-    from tfjax.runs import workdir as workdirs
-
     workdir = pathlib.Path(workdir)
     if not (workdir / HF_CONFIG_FILE).is_file():
         raise errors.WorkdirError(
@@ -172,7 +160,7 @@ def export(workdir: str | pathlib.Path, out_dir: str | pathlib.Path, *, step: in
             "trained from one with train.init_from) export to Hugging Face"
         )
     hf_config = json.loads((workdir / HF_CONFIG_FILE).read_text(encoding="utf-8"))
-    trained = workdirs.load(workdir, step=step)
+    trained = workdir_lib.load(workdir, step=step)
     tokenizer = trained.tokenizer
     pretrained.save(
         out_dir,
@@ -207,10 +195,11 @@ def prepare_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) ->
     hf_config = source / ("config.json" if hf else HF_CONFIG_FILE)
     if hf_config.is_file() and not (workdir / HF_CONFIG_FILE).exists():
         shutil.copyfile(hf_config, workdir / HF_CONFIG_FILE)
-    if hf and not (workdir / DECODING_FILE).exists():
+    decoding = workdir_lib.DECODING_FILE
+    if hf and not (workdir / decoding).exists():
         _write_decoding(source, workdir)
-    elif (source / DECODING_FILE).is_file() and not (workdir / DECODING_FILE).exists():
-        shutil.copyfile(source / DECODING_FILE, workdir / DECODING_FILE)
+    elif (source / decoding).is_file() and not (workdir / decoding).exists():
+        shutil.copyfile(source / decoding, workdir / decoding)
     target = workdir / datasets.DIRECTORY
     if config.data.tokenizer != "pretrained" or target.exists():
         return

@@ -43,18 +43,6 @@ from tfjax.training import checkpointing, logger, steps, storage
 log = logging.getLogger(__name__)
 
 
-def train_iterator(run: build.Run) -> pipeline.BatchIterator:
-    """This process's rows of every global training batch (all of them in one process)."""
-    global_batch_size = run.config.train.global_batch_size
-    dataset = pipeline.make_host_dataset(
-        run.examples.train,
-        global_batch_size=global_batch_size,
-        rows=run.strategy.host_rows(global_batch_size),
-        seed=run.config.seed,
-    )
-    return pipeline.BatchIterator(dataset)
-
-
 def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path):
     """(state, dropout rng, start step): restored from the workdir, or freshly initialised."""
     init_rng, dropout_rng = jax.random.split(jax.random.key(run.config.seed))
@@ -345,7 +333,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
         pretrained.prepare_workdir(config, workdir)
     run = build.build(config, workdir)
     run.examples.read()  # a resumed run's splits are deferred: their errors before any write
-    iterator = train_iterator(run)
+    iterator = build.train_iterator(run)
     writer = logger.MetricWriter(workdir, enabled=chief)
     with checkpointing.Checkpointer(
         workdir / "checkpoints", max_to_keep=config.train.keep_checkpoints

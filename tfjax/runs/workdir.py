@@ -18,6 +18,7 @@ what is wrong and what to run instead.
 """
 
 import dataclasses
+import json
 import pathlib
 from collections.abc import Sequence
 from typing import Any
@@ -48,6 +49,9 @@ TOOLS = {
 WorkdirError = errors.WorkdirError
 # Warn (`empty_outputs`) when more than this share of the decoded outputs is empty.
 EMPTY_SHARE = 0.5
+# How a converted checkpoint decodes (its generation_config.json in tfjax's search options):
+# the defaults of `experiments.translate` and `evaluate` on the workdir (`decoding_defaults`).
+DECODING_FILE = "hf_decoding.json"
 
 
 def _train_hint(workdir: pathlib.Path, kind: str) -> str:
@@ -130,10 +134,8 @@ class Trained:
     @property
     def decoding(self) -> dict:
         """The decoding options of a converted checkpoint (beam_size, alpha, max_length and
-        `evaluation.SEARCH_OPTIONS`; `tfjax.runs.pretrained.decoding_defaults`), {} for others."""
-        from tfjax.runs import pretrained
-
-        return pretrained.decoding_defaults(self.workdir)
+        `evaluation.SEARCH_OPTIONS`; `decoding_defaults`), {} for others."""
+        return decoding_defaults(self.workdir)
 
     def search_options(
         self, beam_size: int | None, alpha: float | None, max_length: int | None
@@ -467,6 +469,12 @@ class Generator(Trained):
         return [
             self.detokenize(row[n:]) for row, n in zip(generated, lengths, strict=True)
         ], warnings
+
+
+def decoding_defaults(workdir: str | pathlib.Path) -> dict:
+    """The decoding options a converted workdir was given (`DECODING_FILE`; {} for others)."""
+    path = pathlib.Path(workdir) / DECODING_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 _CLASSES = {"encoder_decoder": Translator, "decoder_only": Generator, "encoder_only": Trained}

@@ -1,11 +1,10 @@
-"""Transformer layers and stacks shared by the three models in `tfjax.models`.
+"""Transformer layers and stacks of a `ModelConfig`, shared by the three models.
 
 Sources: Vaswani et al. 2017, §3.1 (encoder and decoder stacks, N = 6 identical layers, each
 sub-layer wrapped in a residual connection and a norm), §3.4 (embeddings) and §3.5 (positions,
 dropout on their sum); relative position bias shared across layers: Raffel et al. 2020 (T5), §2.1;
 ALiBi: Press et al. 2022, §3; restricted self-attention: Vaswani §4, Table 1.
 
-Kept apart from `models.py` so that file holds the configuration and the public models only.
 The stacks run their layers through `stacking.apply_layers`: a Python loop over "layer_{i}"
 submodules, or one `nn.scan` over a "layers" submodule (`ModelConfig.scan_layers`), each
 optionally rematerialised (`ModelConfig.remat`).
@@ -17,13 +16,14 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from tfjax.nn import attention, layers, masking, positional, stacking
+from tfjax.models.config import ModelConfig
+from tfjax.nn import attention, layers, masking, norms, positional, stacking
 
 
 class Embedder(nn.Module):
     """Token embeddings plus (or concatenated with) absolute positions, then dropout (§3.4-3.5)."""
 
-    config: "object"  # models.ModelConfig (annotated loosely to avoid an import cycle)
+    config: ModelConfig
     embed: layers.Embed
 
     @nn.compact
@@ -61,7 +61,7 @@ class Embedder(nn.Module):
         elif token_types is not None:
             raise ValueError("token_types need ModelConfig.num_token_types > 0")
         if cfg.embedding_norm:
-            x = make_norm(cfg, "norm")(x)
+            x = config_norm(cfg, "norm")(x)
         x = layers.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)  # [B, L, D]
         return constrain_embed(x)
 
@@ -78,9 +78,9 @@ class Embedder(nn.Module):
         return jnp.take(table, types, axis=0)  # [B, L, D]
 
 
-def make_norm(cfg, name: str) -> nn.Module:
+def config_norm(cfg: ModelConfig, name: str | None = None) -> nn.Module:
     """The config's norm (`ModelConfig.norm`, its epsilon and dtypes) named `name`."""
-    return layers.make_norm(
+    return norms.make_norm(
         cfg.norm,
         epsilon=cfg.layer_norm_epsilon,
         dtype=cfg.compute_dtype,
@@ -95,7 +95,9 @@ def constrain_embed(x: Float[Array, "B L D"]) -> Float[Array, "B L D"]:
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
 
-def _attention(cfg, name: str, *, self_attention: bool) -> attention.MultiHeadAttention:
+def _attention(
+    cfg: ModelConfig, name: str, *, self_attention: bool
+) -> attention.MultiHeadAttention:
     return attention.MultiHeadAttention(
         num_heads=cfg.num_heads,
         num_kv_heads=cfg.num_kv_heads,
@@ -115,7 +117,7 @@ def _attention(cfg, name: str, *, self_attention: bool) -> attention.MultiHeadAt
     )
 
 
-def _residual(cfg, name: str) -> layers.Residual:
+def _residual(cfg: ModelConfig, name: str) -> layers.Residual:
     return layers.Residual(
         cfg.norm_position,
         cfg.norm,
@@ -128,7 +130,7 @@ def _residual(cfg, name: str) -> layers.Residual:
     )
 
 
-def _feed_forward(cfg) -> layers.FeedForward:
+def _feed_forward(cfg: ModelConfig) -> layers.FeedForward:
     return layers.FeedForward(
         cfg.mlp_dim,
         cfg.activation,
@@ -143,7 +145,7 @@ def _feed_forward(cfg) -> layers.FeedForward:
 class EncoderLayer(nn.Module):
     """Self-attention and feed-forward sub-layers, each residual with a norm (§3.1)."""
 
-    config: "object"
+    config: ModelConfig
 
     @nn.compact
     def __call__(
@@ -178,7 +180,7 @@ class DecoderLayer(nn.Module):
     Self-attention takes either `mask` and `bias` or a `window` (`attention.local.Window`).
     """
 
-    config: "object"
+    config: ModelConfig
     cross_attention: bool = True
 
     @nn.compact
@@ -282,7 +284,7 @@ class _Stack(nn.Module):
         (T5)."""
         cfg = self.config
         if cfg.use_final_norm:
-            x = make_norm(cfg, "final_norm")(x)
+            x = config_norm(cfg, "final_norm")(x)
         if cfg.final_dropout:
             x = layers.Dropout(cfg.dropout_rate, name="final_dropout")(
                 x, deterministic=deterministic
@@ -297,7 +299,7 @@ class Encoder(_Stack):
     `attention.local.Window`: blocked, O(L · r), for the dot scores (see `window_attention`).
     """
 
-    config: "object"
+    config: ModelConfig
     embed: layers.Embed
 
     @nn.compact
@@ -350,7 +352,7 @@ class Decoder(_Stack):
     Outside decoding a window radius r > 0 takes the blocked O(L · r) path, as in `Encoder`.
     """
 
-    config: "object"
+    config: ModelConfig
     embed: layers.Embed
     cross_attention: bool = True
 
@@ -433,7 +435,7 @@ class Decoder(_Stack):
         return layer["cached_key"].shape[-2] if "cached_key" in layer else length
 
 
-def _as_lengths(cfg, positions: Array | None) -> bool:
+def _as_lengths(cfg: ModelConfig, positions: Array | None) -> bool:
     """Whether this stack's masks go to attention as `attention.Lengths`: with cuDNN's fused
     attention, for unpacked rows. Rows come unpacked (one sequence each, padded at the end)
     when the caller gives no positions; packed batches carry per-segment positions (the data
