@@ -39,7 +39,9 @@ def _define_flags() -> None:
         "topology", None, "What to compile for: a TPU slice GEN:SHAPE (v5e:4x4) or cpu:N."
     )
     flags.DEFINE_string("mesh", None, "Mesh axes and sizes, e.g. data:2,fsdp:4,tensor:2.")
-    flags.DEFINE_string("chip", None, "Datasheet to compare with: v4, v5e, v5p, v6e, h100, a100.")
+    flags.DEFINE_string(
+        "chip", None, "Datasheet to compare with: v4, v5e, v5p, v6e, h100, h100_pcie, h200, a100."
+    )
     flags.DEFINE_bool("json", False, "Print the plan as one JSON object.")
     flags.mark_flags_as_required(["topology"])
 

@@ -280,8 +280,7 @@ def test_train_flops_formula_counts_the_model_matmuls(shape):
     params = model.init(jax.random.key(0), inputs, targets)
     jaxpr = jax.make_jaxpr(model.apply)(params, inputs, targets)
     counted = 3 * _dot_flops(jaxpr.jaxpr)
-    flops, formula = mfu.train_flops(shape["batch"], shape)
-    assert flops == counted and "3 * B" in formula
+    assert mfu.train_flops(shape["batch"], shape) == counted
 
 
 def test_large_shape_is_the_accelerator_benchmark_of_the_issue():

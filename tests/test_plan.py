@@ -164,9 +164,24 @@ def test_row_shapes_are_those_of_the_loaded_data(spec, overrides, tmp_path):
     assert datasets.train_row_shapes(data_config, kind, head) == expected
 
 
-def test_model_flops_match_the_benchmarks_formula():
-    """The parameter-based count equals `experiments/bench/mfu.py`'s, written from the shapes
-    of the encoder-decoder (shared embeddings, tied output, ReLU MLP) independently."""
+def _encoder_decoder_formula(batch: int, shape: dict) -> int:
+    """Train FLOPs of the encoder-decoder (shared embeddings, tied output, ReLU MLP) written
+    from its shapes: 3 x the forward matmuls, per layer 2 x tokens x weights plus attention."""
+    d, f, v = shape["embed_dim"], shape["mlp_dim"], shape["vocab_size"]
+    s, t = shape["source_len"], shape["target_len"]
+    encoder = shape["num_layers"] * (2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d)
+    decoder = shape["num_decoder_layers"] * (
+        2 * t * (4 * d * d + 2 * d * f)  # self-attention projections and the MLP
+        + 2 * t * 2 * d * d  # cross-attention q and out, over the target
+        + 2 * s * 2 * d * d  # cross-attention k and v, over the source
+        + 4 * t * t * d  # QK^T and PV of self-attention
+        + 4 * t * s * d  # ... of cross-attention
+    )
+    return 3 * batch * (encoder + decoder + 2 * t * d * v)  # + the tied output layer
+
+
+def test_model_flops_match_the_formula_of_the_shapes():
+    """The parameter-based count equals the formula written from the shapes independently."""
     shape = {**workload.SHAPE, "source_len": 48}  # S != L: the cross-attention reads S
     model = workload.create_model("float32", shape)
     data = {k: jnp.asarray(v) for k, v in workload.random_batch(2, shape).items()}
@@ -181,7 +196,13 @@ def test_model_flops_match_the_benchmarks_formula():
         source_len=shape["source_len"],
         target_len=shape["target_len"],
     )
-    assert counted == mfu.train_flops(2, shape)[0]
+    assert counted == _encoder_decoder_formula(2, shape)
+    assert mfu.train_flops(2, shape) == counted  # the benchmark counts with the same function
+    tiny = dict(vocab_size=10, embed_dim=4, mlp_dim=8, num_layers=1, num_decoder_layers=1)
+    tiny.update(num_heads=2, source_len=3, target_len=2, dropout_rate=0.0)
+    # Written out for B=1: encoder 2*3*(64+64) + 4*9*4 = 912; decoder 2*2*128 + 2*2*32 +
+    # 2*3*32 + 4*4*4 + 4*6*4 = 992; output 2*2*4*10 = 160; x 3 = 6,192.
+    assert _encoder_decoder_formula(1, tiny) == 6192 == mfu.train_flops(1, tiny)
 
 
 def test_the_1b_preset_has_tinyllamas_parameter_count():
@@ -472,6 +493,27 @@ def test_libtpus_start_up_notices_are_dropped_and_nothing_else(capfd):
         os.write(2, b"Failed to find host bounds: WARNING: could not determine TPU accelerator ")
         os.write(2, b"type, please set env var `TPU_ACCELERATOR_TYPE` manually\nsomething else\n")
     assert capfd.readouterr().err == "something else\n"
+
+
+# `jax.Device.device_kind` of real devices, and the chip whose datasheet applies.
+DEVICE_KINDS = {
+    "TPU v4": "v4",
+    "TPU v5 lite": "v5e",
+    "TPU v5": "v5p",
+    "TPU v6 lite": "v6e",
+    "NVIDIA H100 80GB HBM3": "h100",
+    "NVIDIA H100 PCIe": "h100_pcie",
+    "NVIDIA H200": "h200",
+    "NVIDIA A100-SXM4-80GB": "a100",
+}
+
+
+@pytest.mark.parametrize("kind, name", DEVICE_KINDS.items())
+def test_bench_and_planner_report_the_same_peak(kind, name):
+    planned = topology.get_topology("cpu:1", chip=name).chip  # what `--chip=NAME` plans with
+    assert topology.chip_of(kind) is planned
+    assert mfu.datasheet_peak(kind, "bfloat16") == planned.peak_flops
+    assert mfu.datasheet_peak(kind, "float32") is None and topology.chip_of("cpu") is None
 
 
 def test_chips_table_is_per_chip_datasheet_numbers():

@@ -56,7 +56,7 @@ def _define_flags() -> None:
         "peak_flops",
         None,
         "The device's peak FLOP/s in the compute dtype, for mfu_vs_peak "
-        "(default: the datasheet figure of experiments.bench.mfu.PEAK_FLOPS when the device is "
+        "(default: the datasheet figure of tfjax.parallel.topology.CHIPS when the device is "
         "listed there).",
     )
     flags.DEFINE_float(

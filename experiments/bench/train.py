@@ -1,7 +1,7 @@
 """The `train` sub-benchmark: tfjax train-step throughput and MFU, optionally beside a peer.
 
 The line reports target tokens/s (median, min, max over the timed steps), compile time, model
-FLOPs per step (formula in the output) and model FLOPs utilisation against the host's measured
+FLOPs per step (`tfjax.models.flops`) and model FLOPs utilisation against the host's measured
 matmul ceiling (`mfu`) and against the device's datasheet peak (`mfu_vs_peak`; see `mfu.py`).
 
 With `peer="flax"`, the same model built from Flax's stock layers (`flax_peer.py`) runs in the
@@ -51,14 +51,14 @@ def _utilisation(
     peak_flops: float | None,
 ) -> dict:
     """Model FLOPs per step, the matmul ceiling (measured now) and MFU against it and the peak."""
-    flops, formula = mfu.train_flops(batch, shape)
+    flops = mfu.train_flops(batch, shape)
     size = mfu.ceiling_size(device.platform)
     ceiling = mfu.matmul_ceiling(size, dtype=dtype, calls=1 if device.platform == "cpu" else 20)
     if peak_flops is None:
         peak_flops = mfu.datasheet_peak(device.device_kind, dtype)
     return {
         "model_flops_per_step": flops,
-        "flops_formula": formula,
+        "flops_counted_by": "tfjax.models.flops.train_flops",
         "matmul_ceiling_flops": ceiling,
         "matmul_ceiling": f"jitted jnp.dot of two [{size}, {size}] {dtype} arrays",
         "mfu": flops / step_seconds / ceiling,

@@ -6,15 +6,18 @@ described by libtpu (the `tpu` extra) on any machine, TPU or not; `get_topology(
 `--xla_force_host_platform_device_count`). A step compiled for either with `jax.jit(...).lower`
 reports its memory and cost (`tfjax.parallel.costs`) but cannot run.
 
-`CHIPS` holds the datasheet numbers the planner compares against, per chip (not per device:
-a v4 or v5p chip in megacore mode is one device, a CPU "chip" is a device).
-Sources (vendor datasheets, read 2026):
+`CHIPS` holds the datasheet numbers the planner and the benchmark compare against, per chip
+(not per device: a v4 or v5p chip in megacore mode is one device, a CPU "chip" is a device);
+peaks are bf16 dense (no sparsity). Sources (vendor datasheets and whitepapers):
   * TPU v4: cloud.google.com/tpu/docs/v4 — 275 TFLOP/s bf16, 32 GiB HBM2, 1,200 GB/s.
   * TPU v5e: cloud.google.com/tpu/docs/v5e — 197 TFLOP/s bf16, 16 GB HBM2, 819 GB/s.
   * TPU v5p: cloud.google.com/tpu/docs/v5p — 459 TFLOP/s bf16, 95 GiB HBM2e, 2,765 GB/s.
   * TPU v6e (Trillium): cloud.google.com/tpu/docs/v6e — 918 TFLOP/s bf16, 32 GB, 1,640 GB/s.
-  * NVIDIA H100 SXM5: nvidia.com/en-us/data-center/h100 datasheet — 989 TFLOP/s bf16 dense
-    (1,979 with sparsity), 80 GB HBM3, 3.35 TB/s.
+  * NVIDIA H100 SXM5: NVIDIA H100 Tensor Core GPU Architecture whitepaper — 989.4 TFLOP/s bf16
+    dense (1,978.9 with sparsity); H100 datasheet: 80 GB HBM3, 3.35 TB/s.
+  * NVIDIA H100 PCIe: same whitepaper — 756 TFLOP/s bf16 dense; datasheet: 80 GB HBM2e, 2 TB/s.
+  * NVIDIA H200 SXM: H200 datasheet — 1,979 TFLOP/s bf16 with sparsity (989.4 dense, the H100's
+    compute), 141 GB HBM3e, 4.8 TB/s.
   * NVIDIA A100 SXM4 80GB: nvidia.com/en-us/data-center/a100 datasheet — 312 TFLOP/s bf16
     dense, 80 GB HBM2e, 2,039 GB/s.
 The GPUs have no compile-only topology here (that needs the CUDA plugin); `--chip=h100` applies
@@ -38,7 +41,7 @@ class Chip:
     """One accelerator chip's datasheet numbers (bf16 dense peak, HBM size and bandwidth)."""
 
     name: str
-    device_kinds: tuple[str, ...]  # `jax.Device.device_kind` of its devices
+    device_kinds: tuple[str, ...]  # `jax.Device.device_kind` of its devices, or a part of it
     peak_flops: float  # bf16 FLOP/s, dense
     hbm_bytes: float
     hbm_bandwidth: float  # bytes/s
@@ -52,8 +55,10 @@ CHIPS = {
         Chip("v5e", ("TPU v5 lite", "TPU v5e"), 197e12, 16 * GB, 819 * GB),
         Chip("v5p", ("TPU v5", "TPU v5p"), 459e12, 95 * GIB, 2765 * GB, "megacore"),
         Chip("v6e", ("TPU v6 lite", "TPU v6e"), 918e12, 32 * GB, 1640 * GB),
-        Chip("h100", ("NVIDIA H100 80GB HBM3",), 989e12, 80 * GB, 3350 * GB),
-        Chip("a100", ("NVIDIA A100-SXM4-80GB",), 312e12, 80 * GB, 2039 * GB),
+        Chip("h100", ("NVIDIA H100 80GB HBM3", "H100"), 989.4e12, 80 * GB, 3350 * GB),
+        Chip("h100_pcie", ("H100 PCIe",), 756e12, 80 * GB, 2000 * GB),
+        Chip("h200", ("H200",), 989.4e12, 141 * GB, 4800 * GB),
+        Chip("a100", ("NVIDIA A100-SXM4-80GB", "A100"), 312e12, 80 * GB, 2039 * GB),
     )
 }
 _NAME = re.compile(r"^(?P<generation>[a-z0-9]+):(?P<shape>\d+(x\d+)*)$")
@@ -75,6 +80,13 @@ class Topology:
     @property
     def devices_per_chip(self) -> int:
         return len(self.devices) // self.chips
+
+
+def chip_of(device_kind: str) -> Chip | None:
+    """The chip whose `device_kinds` holds the longest part of `device_kind` ("TPU v5 lite"
+    before "TPU v5", "NVIDIA H100 PCIe" is an h100_pcie), or None for a kind not in `CHIPS`."""
+    found = [(len(k), c) for c in CHIPS.values() for k in c.device_kinds if k in device_kind]
+    return max(found, key=lambda match: match[0])[1] if found else None
 
 
 def get_chip(name: str) -> Chip:
