@@ -1,5 +1,5 @@
-"""The bench's profile summary (`experiments.bench.profile`), its variant runner
-(`experiments.bench.variants`) and the train bench's --dropout / --trace_dir options."""
+"""The bench's profile summary (`experiments.bench.profile`) and the train bench's --dropout /
+--trace_dir options."""
 
 import json
 import subprocess
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from experiments import cli
-from experiments.bench import profile, suite, train, variants
+from experiments.bench import profile, suite, train
 
 # A made-up trace: one GPU with a compute stream and the derived "XLA Ops" line (which repeats
 # the stream's kernels and must not be counted twice), and a host thread that is not a kernel.
@@ -163,72 +163,3 @@ def test_suite_rejects_a_dropout_rate_outside_0_1():
                 dropout=1.0,
             )
         )
-
-
-def _result(rate):
-    return {"target_tokens_per_second": {"median": rate}}
-
-
-def test_winners_beat_the_slower_baseline_by_more_than_the_spread():
-    results = {
-        "base": _result(100.0),
-        "base_again": _result(104.0),  # 100 + spread 4: a winner needs > 104 * 1.01
-        "cublaslt": _result(105.5),
-        "flat_adam": _result(104.5),
-        "no_dropout": _result(200.0),  # a diagnostic never joins
-        "command_buffers": None,  # failed
-    }
-    assert variants.winners(results) == ["cublaslt"]
-    assert variants.winners({}) == []
-    bench_flags, xla_flags, kind = variants.combine(["flat_adam", "no_triton_gemm"])
-    assert bench_flags == ("--flatten_optimizer",)
-    assert xla_flags == ("--xla_gpu_enable_triton_gemm=false",) and kind == "option"
-
-
-def test_variant_commands_add_their_flags(monkeypatch):
-    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/d")
-    argv, env = variants.command("base_again", "OUT")
-    assert argv[1:3] == ["-m", "experiments.bench"] and "--trace_dir=OUT/trace" in argv
-    assert set(variants.BASE_ARGS) <= set(argv) and env["XLA_FLAGS"] == "--xla_dump_to=/tmp/d"
-    _, env = variants.command("cublaslt", "OUT")
-    assert env["XLA_FLAGS"] == "--xla_dump_to=/tmp/d --xla_gpu_enable_cublaslt=true"
-
-
-def test_variants_command_line_checks_names_and_lists(tmp_path, capsys):
-    assert variants.main([f"--out={tmp_path}", "--only=base,nonsense"]) == 2
-    assert "nonsense" in capsys.readouterr().err
-    assert variants.main(["--list"]) == 0
-    listed = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in listed] == list(variants.VARIANTS)
-    assert variants.main([]) == 2
-    assert variants.main([f"--out={tmp_path}", "--budjet=10"]) == 2
-    assert "budjet" in capsys.readouterr().err
-    assert variants.main([f"--out={tmp_path}", "--lsit"]) == 2  # a flag without a value too
-    assert "lsit" in capsys.readouterr().err
-    assert variants.main([f"--out={tmp_path}", "--budget=ten"]) == 2
-    assert "take seconds" in capsys.readouterr().err
-    assert profile.main([str(tmp_path), "--steps=three"]) == 2
-    assert profile.main([str(tmp_path), "--step=3"]) == 2
-
-
-@pytest.mark.slow
-def test_variants_run_in_order_and_record_results(tmp_path):
-    """Two real bench processes on a tiny batch; the budget stops the third."""
-    code = variants.main(
-        [
-            f"--out={tmp_path}",
-            "--only=base,flat_adam,no_dropout",
-            "--base_args=--bench=train --batch=2 --warmup=1 --repeats=1",
-            "--budget=10000",
-        ]
-    )
-    assert code == 0
-    lines = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
-    assert [x["variant"] for x in lines] == ["base", "flat_adam", "no_dropout"]
-    assert [x["optimizer"] for x in lines] == [
-        "adam per array",
-        "adam on one raveled vector",
-        "adam per array",
-    ]
-    assert [x["dropout_rate"] for x in lines] == [0.1, 0.1, 0.0]
-    assert (tmp_path / "log.txt").read_text().count("=== ") == 3
