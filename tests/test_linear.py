@@ -118,3 +118,17 @@ def test_tied_projection_equals_the_einsum_and_multiplies_2d_operands():
     grad = jax.grad(lambda x, t: loss(linear.tied_projection, x, t), argnums=(0, 1))
     ranks = _dot_operand_ranks(grad, x, table)
     assert len(ranks) == 3 and all(r == (2, 2) for r in ranks), ranks
+
+
+def test_tied_projection_stock_path_is_the_einsum():
+    x = jax.random.normal(jax.random.key(21), (2, 3, 4))
+    table = jax.random.normal(jax.random.key(22), (5, 4))
+    stock = jax.make_jaxpr(lambda a, b: linear.tied_projection(a, b, fast_path=False))(x, table)
+    want = jax.make_jaxpr(lambda a, b: jnp.einsum("...e,ve->...v", a, b))(x, table)
+    assert str(stock) == str(want)
+    np.testing.assert_allclose(
+        linear.tied_projection(x, table),
+        linear.tied_projection(x, table, fast_path=False),
+        rtol=1e-5,
+        atol=1e-6,
+    )

@@ -467,3 +467,18 @@ def test_argmax_reduction_path_only_in_the_cpu_lowering(platform, by_reductions)
     text = jax.export.export(jax.jit(losses.argmax), platforms=[platform])(*args).mlir_module()
     spread = f"{np.float32(2.0**126):.8E}"  # the 2^126 multiplier, as StableHLO prints it
     assert (spread in text) == by_reductions
+
+
+def test_argmax_stock_path_is_jnp_argmax_and_agrees_with_the_fast_one():
+    x = np.random.default_rng(3).normal(size=(3, 4, 300)).astype(np.float32)
+    x[0, 0, [5, 7]] = 9.0  # a tie: the fast path hands the batch to jnp.argmax
+    stock = jax.make_jaxpr(functools.partial(losses.argmax, fast_path=False))(x)
+    assert "platform_index" not in str(stock) and "argmax" in str(stock)
+    assert "platform_index" in str(jax.make_jaxpr(losses.argmax)(x))
+    np.testing.assert_array_equal(
+        jax.jit(losses.argmax)(x), jax.jit(functools.partial(losses.argmax, fast_path=False))(x)
+    )
+    x[0, 0, 7] = 8.0  # no tie: the reductions answer
+    np.testing.assert_array_equal(jax.jit(losses.argmax)(x), _numpy_first_argmax(x))
+    got = losses.argmax(jnp.asarray(x), fast_path=False)
+    np.testing.assert_array_equal(got, _numpy_first_argmax(x))

@@ -307,3 +307,7 @@ def test_global_norm_is_the_norm_of_all_elements_on_every_platform():
     assert cpu.count("concatenate") == 1
     gpu = jax.export.export(jax.jit(steps.global_norm), platforms=["cuda"])(tree)
     assert "concatenate" not in gpu.mlir_module()
+    # fast_path=False is the per-array reduction everywhere, the CPU included, same value.
+    stock = jax.jit(lambda t: steps.global_norm(t, fast_path=False))
+    assert "concatenate" not in stock.lower(tree).as_text()
+    np.testing.assert_allclose(stock(tree), want, rtol=1e-6)

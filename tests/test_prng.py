@@ -160,3 +160,17 @@ def test_the_original_threefry_layout_falls_back_to_jax():
         np.testing.assert_array_equal(
             prng.random_bits(key, (5, 7)), jax.random.bits(key, (5, 7), jnp.uint32)
         )
+
+
+def test_the_stock_path_is_jax_random_bernoulli_and_draws_the_same_mask():
+    """`fast_path=False` is `jax.random.bernoulli` itself (the same program), and both paths
+    draw the same mask."""
+    key, shape = jax.random.key(5), (6, 9)
+    stock = jax.make_jaxpr(lambda k: prng.bernoulli(k, 0.3, shape, fast_path=False))(key)
+    assert str(stock) == str(jax.make_jaxpr(lambda k: jax.random.bernoulli(k, 0.3, shape))(key))
+    fast = jax.make_jaxpr(lambda k: prng.bernoulli(k, 0.3, shape))(key)
+    assert str(fast) != str(stock)
+    np.testing.assert_array_equal(
+        jax.jit(lambda k: prng.bernoulli(k, 0.3, shape))(key),
+        jax.jit(lambda k: prng.bernoulli(k, 0.3, shape, fast_path=False))(key),
+    )

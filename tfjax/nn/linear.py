@@ -9,19 +9,16 @@ call with an explicit `precision` or `preferred_element_type`, goes to `lax.dot_
 table, transposed inside the one [M, E] x [V, E]^T product.
 
 Why: XLA's CPU backend runs the flattened product (and its two backward products) faster than
-the same contraction left with its [B, L, ...] axes: on the benchmark train step
-(`experiments.bench --peer=flax`, 2-core AMD EPYC, jax 0.10.2, 2026-11-27) tfjax ran at
-1.06-1.09x the model built from Flax's stock `nn.Dense` / `nn.DenseGeneral` with this, and
-at 0.97x with Flax's own dot_general in every dense layer. Until 2026-11-27 the flattened
-product had a hand-written backward with materialised transposes (`optimization_barrier`) for
-this backend; autodiff's products measured 1.02-1.03x that in one-process A/B runs and compile
-with fewer kernels, so the hand-written backward was removed (README, Speed). GPU and TPU get
-the same flattened product; their matmul libraries take either form.
+the same contraction left with its [B, L, ...] axes; GPU and TPU matmul libraries take either
+form and get the same flattened product. The stock call is `lax.dot_general`, Flax's default
+`dot_general`: a layer built without `dot_general=dense_dot_general` runs it. Measurements:
+docs/performance.md, "Measurements behind the fast paths".
 """
 
 import math
 
 import jax
+import jax.numpy as jnp
 from jaxtyping import Array
 
 
@@ -54,11 +51,13 @@ def dense_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_ele
     return out.reshape(*batch_shape, *out_shape)
 
 
-def tied_projection(x: Array, table: Array) -> Array:
+def tied_projection(x: Array, table: Array, *, fast_path: bool = True) -> Array:
     """Logits [..., V] = x [..., E] · table[V, E]^T, as one [M, E] x [V, E]^T product.
 
-    Flattened for the reason the dense layers are: one-process A/B on the benchmark train step
-    (vocabulary 8,000, 2-core CPU, 2026-11-27): 1.03x and 1.05x the 3-D einsum.
+    Flattened for the reason the dense layers are; `fast_path=False` runs the stock einsum
+    `jnp.einsum("...e,ve->...v", x, table)` instead.
     """
+    if not fast_path:
+        return jnp.einsum("...e,ve->...v", x, table)
     product = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), table, (((1,), (1,)), ((), ())))
     return product.reshape(*x.shape[:-1], table.shape[0])

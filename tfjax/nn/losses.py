@@ -109,7 +109,7 @@ def _traced_smoothing_targets(label_smoothing: jax.Array, vocab_size: int):
 # few hundred FLOPs per token elsewhere), so its derivative is written by hand: the backward pass
 # is one fused pass d/dlogits = w * (g_loss * (p - q) + g_nll * (p - onehot)) over the saved
 # logits and log-sum-exp, where autodiff of log_softmax + take_along_axis made a scatter into a
-# [B, L, V] zero array and two more [B, L, V] passes (figures: the README's Speed section).
+# [B, L, V] zero array and two more [B, L, V] passes (figures: docs/performance.md).
 # It is a custom_jvp whose tangent map is linear in d_logits and d_weights, so forward mode
 # (jax.jvp, jax.hessian) works and JAX's transpose of the tangent map is that fused pass; the
 # weights get their true cotangent Σ g · (per-token loss).
@@ -174,15 +174,15 @@ def _token_losses_traced_jvp(primals, tangents):
 _SPREAD = 2.0**126
 
 
-def argmax(logits: Float[Array, "... V"]) -> Int[Array, "..."]:
+def argmax(logits: Float[Array, "... V"], *, fast_path: bool = True) -> Int[Array, "..."]:
     """`jnp.argmax(logits, axis=-1)` as int32, the same result, without a variadic reduce.
 
-    XLA's CPU backend runs argmax as a scalar (value, index) reduce: 35 ms for the benchmark's
-    [2048, 8000] logits, 6% of a train step, against 1 ms for a max. Here each row's max m comes
+    XLA's CPU backend runs argmax as a scalar (value, index) reduce, many times slower than a
+    max over the same logits (docs/performance.md). Here each row's max m comes
     first; `hit_v = max(1 - (m - z_v) * 2^126, 0)` is then exactly 1 where z_v == m and 0 where
     z_v is below m by a normal float32 difference, so `c = Σ_v hit_v · (v + 1) - 1` is the
     index of the max when it is unique. Both passes are plain float reductions, which XLA hands
-    to its fast (YNNPACK) kernels: 6.6 ms instead of 35.5 ms on that shape.
+    to its fast (YNNPACK) kernels.
 
     The candidate is then checked: it must be an integer in [0, V) with z_c == m. A tie makes c
     larger than every tied index (so z_c < m or c >= V), and a NaN or infinite logit makes c NaN;
@@ -195,12 +195,13 @@ def argmax(logits: Float[Array, "... V"]) -> Int[Array, "..."]:
 
     Args:
         logits: [..., V] any float dtype (compared in float32).
+        fast_path: False runs the stock `jnp.argmax` on every platform.
 
     Returns:
         [...] int32 indices in [0, V).
     """
     *batch_shape, V = logits.shape
-    if V >= 2**24 or 0 in logits.shape:  # float32 indices exact below 2^24
+    if not fast_path or V >= 2**24 or 0 in logits.shape:  # float32 indices exact below 2^24
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     z = jax.lax.stop_gradient(logits).astype(jnp.float32).reshape(-1, V)  # [N, V]
     out = jax.lax.platform_dependent(z, cpu=_argmax_by_reductions, default=_argmax_plain)

@@ -9,10 +9,9 @@ is a Threefry-2x32 key and JAX runs in its default partitionable Threefry mode
 Why: on the CPU JAX lowers Threefry as a rolled loop (5 iterations of 4 rounds; it keeps
 compilation short) that XLA:CPU runs as a `while` of several small kernels per iteration, each
 reading and writing the whole state. Written out here in `jax.numpy`, the 20 rounds unroll into
-one elementwise fusion per dropout site that keeps the state in registers. Measured on a 2-core
-AMD EPYC host (jax 0.10.2, 2026-11-27): the 17 dropout masks of the benchmark train step
-(`experiments.bench`, [32, 64, 256] each) take 21 ms instead of 37 ms, and compile no slower
-(README, Speed). GPUs and TPUs already run JAX's unrolled lowering, which computes the same.
+one elementwise fusion per dropout site that keeps the state in registers (measurements:
+docs/performance.md, "Measurements behind the fast paths"). GPUs and TPUs already run JAX's
+unrolled lowering, which computes the same, and get `jax.random.bernoulli` itself.
 
 The generator (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3", Threefry-2x32
 with 20 rounds): the counter of element i is the 64-bit pair (hi, lo) of its row-major index,
@@ -113,7 +112,9 @@ def _drawn_once(data: Array, p: Array, shape: tuple[int, ...]) -> Array:
     )
 
 
-def bernoulli(key: Array, p: float | Array, shape: tuple[int, ...]) -> Bool[Array, "..."]:
+def bernoulli(
+    key: Array, p: float | Array, shape: tuple[int, ...], *, fast_path: bool = True
+) -> Bool[Array, "..."]:
     """True with probability `p`: `jax.random.bernoulli(key, p, shape)`, bit for bit.
 
     On the CPU the mask is computed by this module's unrolled Threefry (see the module
@@ -124,10 +125,11 @@ def bernoulli(key: Array, p: float | Array, shape: tuple[int, ...]) -> Bool[Arra
       key: a JAX PRNG key (typed, or raw uint32[2]).
       p: the probability, a Python float or a float32 scalar (traced or not).
       shape: the mask's shape.
+      fast_path: False calls the stock `jax.random.bernoulli` on every platform.
     """
     shape = tuple(shape)
     p = jnp.asarray(p)
-    data = _threefry_key_data(key, shape)
+    data = _threefry_key_data(key, shape) if fast_path else None
     if data is None or p.dtype != jnp.float32 or p.ndim != 0:
         return jax.random.bernoulli(key, p, shape)
     return lax.platform_dependent(
