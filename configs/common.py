@@ -2,7 +2,7 @@
 
 Each group is 1:1 with the dataclass that consumes it (`ModelConfig(**config.model)`,
 `OptimConfig(**config.optim)`, `DataConfig(**config.data)`), so no field is copied by hand and
-every key exists in the file (STYLE.md §7).
+every key exists in the file (docs/design.md, "Configs").
 """
 
 import dataclasses

@@ -40,7 +40,7 @@ Presets (`--config=configs/shakespeare_char.py:NAME`):
         fast day of the host (jnp.dot ceiling 460-496 GFLOP/s): 47 min 41 s for the training
         command, val loss 1.720, 1.588, 1.544, 1.514, 1.498, 1.492 at steps 1,000-6,000 and
         1.491 at the end (the `hour` preset with Adam: 1.523), all with training windows
-        every 16 characters. Since 2026-11-27 the preset puts a window at every character
+        every 16 characters. The preset now puts a window at every character
         (`data.lm_stride=1`, about 1M windows, each a view of the stream): 47 min 27 s on the
         quiet CPU (jnp.dot ceiling 414-483 GFLOP/s), val loss 1.705, 1.597, 1.545, 1.506,
         1.488, 1.479 at steps 1,000-6,000 and 1.478 at the end. 7,400 steps (52 minutes)
@@ -60,7 +60,7 @@ Presets (`--config=configs/shakespeare_char.py:NAME`):
         characters (`data.max_target_len=257`) and 16 windows a step (the same 4,096 predicted
         characters a step), for 4,600 steps (its steps ~25% slower than at context 128):
           python -m experiments.train --config=configs/shakespeare_char.py:hour_ctx256
-        Measured on the quiet 2-core CPU (2026-11-27; jnp.dot ceiling 182-208 GFLOP/s before,
+        Measured on the quiet 2-core CPU (jnp.dot ceiling 182-208 GFLOP/s before,
         392-406 after): 56 min 23 s for the training command (5,500-6,500 tokens/s), val
         loss 1.629, 1.536, 1.490, 1.466 at steps 1,000-4,000 and 1.4635 at the end, on the
         whole split in consecutive 256-character windows (nanoGPT's block size; at context 128
@@ -69,7 +69,7 @@ Presets (`--config=configs/shakespeare_char.py:NAME`):
         residual branches, the embeddings and the attention probabilities, no biases in the
         linear layers, 5,000 steps of 64 windows, AdamW (0.9, 0.99) with weight decay 0.1 on
         the matrices only, gradients clipped at norm 1, warmup 100 and cosine decay from 1e-3
-        to 1e-4, bfloat16 compute); nanoGPT's best val loss is 1.4697. Until 2026-11-27 the
+        to 1e-4, bfloat16 compute); nanoGPT's best val loss is 1.4697. An earlier
         preset lacked the attention dropout, the decay, the clipping and the floor, and
         overfitted on an H100 (val 1.652, training loss 0.96; see the README). With the whole
         recipe, on an H200: 4 min 22 s, best val 1.4925 at step 2,750, 1.559 at the end,

@@ -17,7 +17,7 @@ A process of a multi-process job whose peer died (`tfjax.errors.DistributedError
 would wait for the dead peer.
 `--debug` (every entry point has it) prints the traceback of user errors and Ctrl-C too.
 On a host where libtpu is installed but no TPU is attached, every entry point (and each process
-it starts) computes on the CPU without waking libtpu (`tfjax.training.runtime.cpu_unless_tpu`).
+it starts) computes on the CPU without waking libtpu (`tfjax.training.host.cpu_unless_tpu`).
 
 Console output: log records reach stderr as plain lines, `HH:MM:SS message` (INFO),
 `warning: message` and `error: message`, written through tqdm when it is loaded so that a live
@@ -201,12 +201,12 @@ def console_logs(*, plain: bool = True, keep_absl: bool = False) -> None:
 
 def _cpu_unless_tpu() -> None:
     """JAX_PLATFORMS=cpu where libtpu is installed on a host without TPUs
-    (`tfjax.training.runtime.cpu_unless_tpu`): no libtpu start-up errors, and the CPU
+    (`tfjax.training.host.cpu_unless_tpu`): no libtpu start-up errors, and the CPU
     allocator tuning of `experiments.train` applies; child processes (`experiments.sweep`'s
     runs, `experiments.launch_local`'s processes) inherit it."""
-    from tfjax.training import runtime
+    from tfjax.training import host
 
-    if runtime.cpu_unless_tpu() and "jax" in sys.modules:  # imported early: tell it too
+    if host.cpu_unless_tpu() and "jax" in sys.modules:  # imported early: tell it too
         import jax
 
         jax.config.update("jax_platforms", "cpu")

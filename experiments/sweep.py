@@ -3,8 +3,8 @@
     python -m experiments.sweep --config=configs/base.py:cpu --sweep=lr \\
         [--workdir=runs/sweeps] [--print | --plot] [--config.train.num_train_steps=500 ...]
 
-`get_sweep(NAME)` of the config file gives one dict of dotted-key overrides per run (STYLE.md
-§7). Each run trains in `ROOT/NAME/<run name>`, the run name being short and built from its
+`get_sweep(NAME)` of the config file gives one dict of dotted-key overrides per run (docs/design.md,
+"Configs"). Each run trains in `ROOT/NAME/<run name>`, the run name being short and built from its
 overrides (`optim.learning_rate=0.5, model.num_layers=2` -> `lr0.5-layers2`), with the command
 
     python -m experiments.train --config=SPEC --workdir=ROOT/NAME/RUN --config.a.b=v ...

@@ -22,10 +22,10 @@ flags.DEFINE_bool(
     "tune_malloc",
     None,
     "Keep XLA's per-step buffers resident instead of page-faulting them in every step "
-    "(tfjax.training.runtime.tune_glibc_malloc; 15-50% faster CPU train steps measured). "
+    "(tfjax.training.host.tune_glibc_malloc; 15-50% faster CPU train steps measured). "
     "Default: on "
     "where JAX computes on the CPU alone and the C library is glibc "
-    "(tfjax.training.runtime.should_tune_malloc); --notune_malloc keeps glibc's defaults.",
+    "(tfjax.training.host.should_tune_malloc); --notune_malloc keeps glibc's defaults.",
 )
 
 
@@ -40,13 +40,13 @@ def main(argv, overrides):
     cli.quiet_logs()
     config = config_utils.load_config(FLAGS.config, overrides)
     from tfjax.runs import build
-    from tfjax.training import runtime  # no JAX computation yet: the tuning must come first
+    from tfjax.training import host  # no JAX computation yet: the tuning must come first
 
     build.check_config(config)  # fails in one line before anything is logged or loaded
 
-    if runtime.should_tune_malloc(FLAGS.tune_malloc) and not runtime.tune_glibc_malloc():
+    if host.should_tune_malloc(FLAGS.tune_malloc) and not host.tune_glibc_malloc():
         logging.getLogger("tfjax").warning("--tune_malloc: not glibc, nothing to tune")
-    logging.getLogger("tfjax").info("host malloc: %s", runtime.malloc_description())
+    logging.getLogger("tfjax").info("host malloc: %s", host.malloc_description())
     from tfjax.parallel import distributed
 
     if distributed.requested(config.parallel.distributed):  # before any other JAX call

@@ -673,8 +673,8 @@ MUTATIONS = [
     M(
         "fused-impl-not-passed",
         "tfjax/models/transformer.py",
-        "        impl=cfg.residual_impl,",
-        '        impl="xla",',
+        "        implementation=cfg.residual_impl,",
+        '        implementation="xla",',
         "tests/test_fused_residual.py::test_model_dropout_is_applied_and_reproducible",
     ),
     # Workdir lock and command-line errors
@@ -785,10 +785,10 @@ MUTATIONS = [
     ),
     M(
         "libtpu-woken-without-tpu",
-        "tfjax/training/runtime.py",
+        "tfjax/training/host.py",
         '    environ["JAX_PLATFORMS"] = "cpu"\n    return True',
         "    return True",
-        "tests/test_runtime.py::test_cpu_unless_tpu_needs_libtpu_alone_and_no_tpu_device",
+        "tests/test_host.py::test_cpu_unless_tpu_needs_libtpu_alone_and_no_tpu_device",
     ),
 ]
 

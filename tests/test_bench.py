@@ -389,7 +389,7 @@ def test_rss_child_trains_its_side_alone_with_the_parents_allocator(side, tune):
     done = subprocess.run([*command, "float32"], capture_output=True, text=True, check=True)
     line = json.loads(done.stdout.strip().splitlines()[-1])
     assert line["side"] == side
-    assert line["host_malloc"].endswith(", tuned" if tune else ", default")
+    assert line["host"].endswith(", tuned" if tune else ", default")
     assert 100 * 2**20 < line["peak_rss_bytes"] < 16 * 2**30  # bytes, not KiB or pages
     phases = line["phases"]
     assert phases["built"] <= phases["compiled"] <= phases["trained"] == line["peak_rss_bytes"]

@@ -245,11 +245,13 @@ def test_triton_kernels_on_the_gpu_match_the_reference(d):
 
 def test_residual_module_refuses_what_the_kernel_cannot_run():
     x = jnp.ones((1, 3, 16))
-    pre = layers.Residual("pre", impl="pallas")
+    pre = layers.Residual("pre", implementation="pallas")
     with pytest.raises(ValueError, match="post-LN LayerNorm step only"):
         pre.init(jax.random.key(0), x, lambda h: h)
-    traced = layers.Residual("post", dropout_rate=jnp.float32(0.1), impl="pallas")
-    params = layers.Residual("post", impl="pallas").init(jax.random.key(0), x, lambda h: h)
+    traced = layers.Residual("post", dropout_rate=jnp.float32(0.1), implementation="pallas")
+    params = layers.Residual("post", implementation="pallas").init(
+        jax.random.key(0), x, lambda h: h
+    )
     with pytest.raises(ValueError, match="vectorised sweeps"):
         traced.apply(
             params, x, lambda h: h, deterministic=False, rngs={"dropout": jax.random.key(1)}

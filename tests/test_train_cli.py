@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tfjax.runs import build
-from tfjax.training import logger, runtime
+from tfjax.training import host, logger
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -122,7 +122,7 @@ def test_tuned_malloc_trains_bit_exactly_like_the_default(tmp_path):
     for proc in (default, tuned):
         outputs.append(proc.communicate()[0])
         assert proc.returncode == 0, outputs[-1]
-    if runtime.glibc_version() is not None:
+    if host.glibc_version() is not None:
         assert "host malloc: glibc" in outputs[0] and ", default" in outputs[0]
         assert ", tuned" in outputs[1]
     for a, b in zip(_params(tmp_path / "default"), _params(tmp_path / "tuned"), strict=True):

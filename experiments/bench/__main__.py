@@ -9,8 +9,8 @@ of 6 and 24 layers, scanned or not, per remat policy (minutes on a 2-core CPU). 
 beside tfjax's train step, in alternating pairs; `--peer=flax` times the same model built from
 Flax's stock layers (`flax_peer.py`) beside tfjax's train step and its cached greedy decoding.
 Where JAX computes on the CPU alone the harness first tunes glibc malloc for the whole process,
-both sides included (`tfjax.training.runtime`;
-`host_malloc` in the output says so); `--notune_malloc` measures with glibc's defaults.
+both sides included (`tfjax.training.host`;
+`host` in the output says so); `--notune_malloc` measures with glibc's defaults.
 """
 
 import json
@@ -19,7 +19,7 @@ from absl import flags
 
 from experiments import cli
 from experiments.bench import suite, workload
-from tfjax.training import runtime
+from tfjax.training import host
 
 FLAGS = flags.FLAGS
 
@@ -89,17 +89,17 @@ def _define_flags() -> None:
     flags.DEFINE_bool(
         "tune_malloc",
         None,
-        "Keep XLA's per-step buffers resident (tfjax.training.runtime.tune_glibc_malloc) before "
-        "anything runs; applies to the whole process, so to the peer too. Default: on where JAX "
-        "computes on the CPU alone and the C library is glibc "
-        "(tfjax.training.runtime.should_tune_malloc); --notune_malloc to measure glibc's "
-        "defaults. The JSON's host_malloc says which.",
+        "Keep XLA's per-step buffers resident (tfjax.training.host.tune_glibc_malloc) "
+        "before anything runs; applies to the whole process, so to the peer too. Default: on "
+        "where JAX computes on the CPU alone and the C library is glibc "
+        "(tfjax.training.host.should_tune_malloc); --notune_malloc to measure glibc's "
+        "defaults. The JSON's host says which.",
     )
 
 
 def main(argv):
-    if runtime.should_tune_malloc(FLAGS.tune_malloc):
-        runtime.tune_glibc_malloc()  # before the first JAX computation (see tfjax.training.runtime)
+    if host.should_tune_malloc(FLAGS.tune_malloc):
+        host.tune_glibc_malloc()  # before the first JAX computation
     cli.no_arguments(argv)
     suite.check_options(FLAGS.bench, FLAGS.peer, FLAGS.warmup)  # one line and status 2 if bad
     results = suite.run(

@@ -7,7 +7,7 @@ import sys
 import flax
 import jax
 
-from tfjax.training import runtime
+from tfjax.training import host
 
 
 def describe() -> dict:
@@ -19,7 +19,7 @@ def describe() -> dict:
         "device": device.device_kind,
         "platform": device.platform,
         "device_count": jax.device_count(),
-        "host_malloc": runtime.malloc_description(),
+        "host": host.malloc_description(),
     }
 
 

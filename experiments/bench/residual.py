@@ -1,11 +1,12 @@
 """The `residual` sub-benchmark: the post-LN step LayerNorm(x + dropout(y)), forward + backward.
 
 One `layers.Residual` (post-LN, the shape's dropout rate, training mode) over the shape's
-[B, L, D] activations, with `impl="xla"` (what XLA fuses by itself) and `impl="pallas"` (the
-fused kernels of `tfjax.nn.fused`), timed in alternating pairs in one process. Reports each
-side's seconds per call and the bandwidth of the fused kernels' minimum traffic (forward: read
-x, y, write the output and z; backward: read z and the output gradient, write the gradients of
-x and y). Made for GPUs; on a CPU the Pallas side runs in Pallas's interpreter.
+[B, L, D] activations, with `implementation="xla"` (what XLA fuses by itself) and
+`implementation="pallas"` (the fused kernels of `tfjax.nn.fused`), timed in alternating pairs
+in one process. Reports each side's seconds per call and the bandwidth of the fused kernels'
+minimum traffic (forward: read x, y, write the output and z; backward: read z and the output
+gradient, write the gradients of x and y). Made for GPUs; on a CPU the Pallas side runs in
+Pallas's interpreter.
 """
 
 import statistics
@@ -17,8 +18,10 @@ from experiments.bench import timing, workload
 from tfjax.nn import layers
 
 
-def _step(impl: str, rate: float, dtype: str):
-    module = layers.Residual("post", "layernorm", 1e-6, rate, dtype=jnp.dtype(dtype), impl=impl)
+def _step(implementation: str, rate: float, dtype: str):
+    module = layers.Residual(
+        "post", "layernorm", 1e-6, rate, dtype=jnp.dtype(dtype), implementation=implementation
+    )
 
     def loss(params, x, y, weights, key):
         out = module.apply(

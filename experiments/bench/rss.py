@@ -50,10 +50,10 @@ def alone(
 
 
 def _child(side: str, batch: int, steps: int, tune_malloc: bool, dtype: str) -> None:
-    from tfjax.training import runtime
+    from tfjax.training import host
 
     if tune_malloc:
-        runtime.tune_glibc_malloc()
+        host.tune_glibc_malloc()
     import jax
 
     from experiments.bench import environment, flax_peer, workload
@@ -78,7 +78,7 @@ def _child(side: str, batch: int, steps: int, tune_malloc: bool, dtype: str) -> 
         jax.block_until_ready(run())
     phases["trained"] = rss = environment.peak_rss_bytes()
     line = {"side": side, "peak_rss_bytes": rss, "phases": phases, **seconds}
-    print(json.dumps({**line, "host_malloc": runtime.malloc_description()}))
+    print(json.dumps({**line, "host": host.malloc_description()}))
 
 
 if __name__ == "__main__":

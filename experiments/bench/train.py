@@ -31,7 +31,7 @@ import statistics
 import jax
 
 from experiments.bench import flax_peer, mfu, rss, timing, torch_peer, workload
-from tfjax.training import runtime
+from tfjax.training import host
 
 TRACED_STEPS = 3
 ALONE_RUNS = 3  # fresh processes per side for peak RSS and compile time alone
@@ -186,7 +186,7 @@ def bench_train(
     if peer:
         out["peer"] = _peer_result(peer, peer_first, times, peer_times, tokens, shape, peer_where)
     if peer == "flax" and shape is workload.SHAPE and device.platform == "cpu":
-        tuned = runtime.malloc_description().endswith(", tuned")
+        tuned = host.malloc_description().endswith(", tuned")
         out["alone"] = alone_runs(batch, tuned, dtype)
         out["peak_rss_alone"] = {side: out["alone"][side]["peak_rss_median"] for side in rss.SIDES}
     return out

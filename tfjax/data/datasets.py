@@ -3,7 +3,7 @@
 `DataConfig(**config.data)` names a data source; `load(data_config, model_kind, workdir)` reads
 its raw splits and takes them down one path: tokenizer (built or loaded) → encode → drop what
 does not fit the length limits → pack → `Examples`, in the batch format that the model kind
-trains on (DESIGN.md, "How data flows"):
+trains on (docs/design.md, "How data flows"):
   * encoder_decoder: seq2seq pairs (source → target);
   * decoder_only: "source | target" sequences for pair data, or windows over a text stream
     (`targets_weights` leaves the first token of each window out of the loss, so every other

@@ -1,6 +1,6 @@
 """Tokenized examples → batches of int32 numpy arrays on grain, with resumable iterators.
 
-Batch formats (DESIGN.md, "How data flows"); id 0 pads, and padding is always read from segment
+Batch formats (docs/design.md, "How data flows"); id 0 pads, and padding is always read from segment
 ids (0 = padding, 1 = a real token of an unpacked row), never from token values:
   * seq2seq: `inputs` [B, S], `inputs_segment_ids` [B, S], `targets` [B, L],
     `targets_segment_ids` [B, L]; inputs = source + EOS, targets = target + EOS (no BOS: the

@@ -9,7 +9,7 @@ and the same special ids. A pretrained checkpoint's own tokenizer
 also the [CLS] token of classification inputs, as in BERT, Devlin et al. 2019, Section 3), EOS
 (2) and UNK (3). Word and character ids follow by descending training count, ties broken
 alphabetically, so the same texts always give the same vocabulary; those vocabularies are saved
-as JSON next to the run, a SentencePiece model as its binary `.model` file (DESIGN.md,
+as JSON next to the run, a SentencePiece model as its binary `.model` file (docs/design.md,
 "Tokenizers"), so that resumed and evaluated runs reuse them.
 
 A masked-LM run (`model.encoder_head="mlm"`) needs a mask token: `build(..., mask=True)` adds

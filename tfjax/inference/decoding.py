@@ -296,8 +296,8 @@ def next_step(step_fn: StepFn, t: Array, max_length: int, token: Array, cache):
     at position max_length - 1 instead (inside the cache): the loops that call this end there,
     and nothing reads those logits or that cache. The model runs unconditionally: a `lax.cond`
     around it (the previous form, returning the last logits and cache unchanged at the end) cost
-    ~10% of beam search on a 2-core CPU (954 -> 859 ms for the bench's 4-beam decode; README,
-    Speed), for one model step saved per decode.
+    ~10% of beam search on a 2-core CPU (docs/performance.md), for one model step saved per
+    decode.
     """
     position = jnp.minimum(t + 1, max_length - 1)
     positions = jnp.full((token.shape[0], 1), position, jnp.int32)  # [B, 1]

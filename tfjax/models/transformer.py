@@ -125,7 +125,7 @@ def _residual(cfg: ModelConfig, name: str) -> layers.Residual:
         cfg.dropout_rate,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.params_dtype,
-        impl=cfg.residual_impl,
+        implementation=cfg.residual_impl,
         name=name,
     )
 

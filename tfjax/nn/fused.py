@@ -39,7 +39,7 @@ _MIX_2 = 0x846CA68B
 # Tuning knobs, each overridable as TFJAX_FUSED_<NAME> in the environment (read when traced):
 # ELEMENTS per chunk of rows (rows = ELEMENTS // D, a power of two), Triton WARPS per program,
 # backward STEPS: chunks per program, whose scale and bias gradients it sums before writing.
-_DEFAULTS = {"ELEMENTS": 1024, "WARPS": 4, "STEPS": 16}  # tuned on an H100 (README)
+_DEFAULTS = {"ELEMENTS": 1024, "WARPS": 4, "STEPS": 16}  # tuned on an H100 (docs/performance.md)
 INTERPRET: bool | None = None  # None: interpret unless the default backend is a GPU
 
 

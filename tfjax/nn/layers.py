@@ -173,7 +173,7 @@ class Residual(nn.Module):
     post: norm(x + dropout(fn(x)))   (Vaswani et al. 2017, §3.1, §5.4)
     pre:  x + dropout(fn(norm(x)))   (Xiong et al. 2020)
 
-    `impl="pallas"` runs the post-LN LayerNorm step as one fused kernel each way
+    `implementation="pallas"` runs the post-LN LayerNorm step as one fused kernel each way
     (`tfjax.nn.fused`; its dropout masks come from a hash, not from `Dropout`'s draws). The
     parameters are the same under either implementation.
     """
@@ -184,7 +184,7 @@ class Residual(nn.Module):
     dropout_rate: float | jax.Array = 0.1  # an Array: traced (vectorised sweeps)
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
-    impl: str = "xla"
+    implementation: str = "xla"
 
     @nn.compact
     def __call__(
@@ -196,10 +196,12 @@ class Residual(nn.Module):
     ) -> Float[Array, "B L D"]:
         if self.norm_position not in NORM_POSITIONS:
             raise ValueError(f"norm_position={self.norm_position!r} is not one of {NORM_POSITIONS}")
-        if self.impl == "pallas":
+        if self.implementation == "pallas":
             return self._fused(x, fn, deterministic=deterministic)
-        if self.impl != "xla":
-            raise ValueError(f"impl={self.impl!r} is not one of {RESIDUAL_IMPLS}")
+        if self.implementation != "xla":
+            raise ValueError(
+                f"implementation={self.implementation!r} is not one of {RESIDUAL_IMPLS}"
+            )
         norm = norms.make_norm(
             self.norm,
             epsilon=self.epsilon,
@@ -217,8 +219,9 @@ class Residual(nn.Module):
 
         if self.norm_position != "post" or self.norm != "layernorm":
             raise ValueError(
-                "impl='pallas' fuses the post-LN LayerNorm step only, got "
-                f"norm_position={self.norm_position!r}, norm={self.norm!r}; use impl='xla'"
+                "implementation='pallas' fuses the post-LN LayerNorm step only, got "
+                f"norm_position={self.norm_position!r}, norm={self.norm!r}; "
+                "use implementation='xla'"
             )
         scale, bias = _LayerNormParams(self.param_dtype, name="norm")(x.shape[-1])
         x = x.astype(self.dtype)

@@ -1,7 +1,7 @@
 """Data parallelism in one place: `jax.pmap` over local devices, or `jax.jit` on a device mesh.
 
 Both strategies wrap the same pure `train_step(state, batch, rng, axis_name=None)`; nothing else
-in tfjax knows which one runs (STYLE.md §9).
+in tfjax knows which one runs (docs/design.md, "One code path from CPU to pod").
 - "pmap" (default): the state is replicated on every local device, each device takes B / n rows
   of the host's batch, gradients are summed over the "batch" axis inside the step.
 - "sharded": one jitted program over a `Mesh` with axes ("data", "fsdp", "tensor"); the batch

@@ -163,7 +163,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
     Builds the `data`, `model` and `optim` dataclasses (whose checks name the field and the
     allowed values) and checks the `train` and `parallel` groups. Touches no device, so it may
-    run before `tfjax.training.runtime.tune_glibc_malloc`.
+    run before `tfjax.training.host.tune_glibc_malloc`.
 
     Raises:
         tfjax.errors.ConfigError: naming the key, its value and what it may be.

@@ -1,15 +1,15 @@
 """`train_and_evaluate(config, workdir)`: build, restore, loop (step, log, eval, save), final eval.
 
-One code path from a laptop CPU to a TPU pod (STYLE.md §9). The run is resumable: rerunning with
-the same workdir restores the latest good checkpoint (state, dropout key, data-iterator position)
-and continues with exactly the batches that would have come next. SIGTERM (preemption) saves a
-checkpoint and returns; before the first step (while the run is built, restored and compiled) it
-returns at once, saving nothing, with a warning that says so. A workdir whose config.json is
-damaged is not resumed while checkpoints depend on it (the error says how to repair it). A
-non-finite loss stops the run (`tfjax.errors.DivergedError`) before anything is saved over the
-last good checkpoint. One run at a time: the workdir is locked (`tfjax.runs.lock`). A new run
-with `train.init_from` starts from the parameters of another workdir or of a Hugging Face
-checkpoint (`tfjax.runs.pretrained`), with fresh optimizer moments.
+One code path from a laptop CPU to a TPU pod (docs/design.md, "One code path from CPU to pod"). The
+run is resumable: rerunning with the same workdir restores the latest good checkpoint (state,
+dropout key, data-iterator position) and continues with exactly the batches that would have come
+next. SIGTERM (preemption) saves a checkpoint and returns; before the first step (while the run is
+built, restored and compiled) it returns at once, saving nothing, with a warning that says so. A
+workdir whose config.json is damaged is not resumed while checkpoints depend on it (the error says
+how to repair it). A non-finite loss stops the run (`tfjax.errors.DivergedError`) before anything
+is saved over the last good checkpoint. One run at a time: the workdir is locked
+(`tfjax.runs.lock`). A new run with `train.init_from` starts from the parameters of another workdir
+or of a Hugging Face checkpoint (`tfjax.runs.pretrained`), with fresh optimizer moments.
 
 Multi-process runs (`tfjax.parallel.distributed`) take the same road in every process: each
 feeds its rows of every global batch, and all of them save and restore the checkpoints (orbax

@@ -1,13 +1,13 @@
-"""The pieces of training: steps and state, optimizer, checkpoints, logs, host runtime.
+"""The pieces of training: steps and state, optimizer, checkpoints, logs, host allocator.
 
 `steps` (TrainState, pure train and eval steps), `mlm` (BERT's masked-LM objective), `optim`
 (schedules and optax chains), `checkpointing` (orbax, checksums and fallback), `logger`
-(metrics.jsonl, TensorBoard, progress bar), `runtime` (host allocator tuning, libtpu on hosts
+(metrics.jsonl, TensorBoard, progress bar), `host` (host allocator tuning, libtpu on hosts
 without TPUs) and `storage` (a full or read-only disk in one line, atomic writes).
 The loop that uses them is `tfjax.runs.trainer`.
 """
 
 from tfjax import _lazy
 
-__all__ = ["checkpointing", "logger", "mlm", "optim", "runtime", "steps", "storage"]
+__all__ = ["checkpointing", "host", "logger", "mlm", "optim", "steps", "storage"]
 __getattr__, __dir__ = _lazy.submodules(__name__, __all__)

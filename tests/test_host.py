@@ -1,4 +1,4 @@
-"""tfjax.training.runtime: glibc malloc tuning, checked on page faults of a real process.
+"""tfjax.training.host: glibc malloc tuning, checked on page faults of a real process.
 
 Each case runs in a fresh interpreter: the tuning is process-wide and cannot be undone.
 """
@@ -11,11 +11,11 @@ import textwrap
 
 import pytest
 
-from tfjax.training import runtime
+from tfjax.training import host
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(runtime.glibc_version() is None, reason="needs glibc (Linux)")
+pytestmark = pytest.mark.skipif(host.glibc_version() is None, reason="needs glibc (Linux)")
 
 _PAGES = 32768  # 128 MiB of 4 KiB pages: above glibc's largest mmap threshold (32 MiB)
 
@@ -23,8 +23,8 @@ _PAGES = 32768  # 128 MiB of 4 KiB pages: above glibc's largest mmap threshold (
 _PROBE = textwrap.dedent(
     f"""
     import ctypes, resource, sys
-    from tfjax.training import runtime
-    tuned = runtime.tune_glibc_malloc() if sys.argv[1] == "tune" else False
+    from tfjax.training import host
+    tuned = host.tune_glibc_malloc() if sys.argv[1] == "tune" else False
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = (ctypes.c_void_p,)
@@ -40,7 +40,7 @@ _PROBE = textwrap.dedent(
     cycle()
     cycle()
     after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    print(tuned, (after - before) / 2, runtime.malloc_description())
+    print(tuned, (after - before) / 2, host.malloc_description())
     """
 )
 
@@ -64,11 +64,11 @@ def test_tuned_glibc_keeps_large_blocks_resident():
     tuned, faults, description = _probe("tune")
     assert tuned == "True"
     assert faults < 0.01 * _PAGES
-    assert description == f"glibc {runtime.glibc_version()}, tuned"
+    assert description == f"glibc {host.glibc_version()}, tuned"
 
 
 def test_glibc_version_looks_like_a_version():
-    major, minor = runtime.glibc_version().split(".")[:2]
+    major, minor = host.glibc_version().split(".")[:2]
     assert int(major) >= 2 and int(minor) >= 0
 
 
@@ -78,62 +78,62 @@ def test_glibc_version_looks_like_a_version():
 )
 def test_cpu_only_follows_jax_platforms(monkeypatch, platforms, expected):
     monkeypatch.setenv("JAX_PLATFORMS", platforms)
-    assert runtime.cpu_only() is expected
-    assert runtime.should_tune_malloc(None) is expected
+    assert host.cpu_only() is expected
+    assert host.should_tune_malloc(None) is expected
 
 
 def test_cpu_only_without_jax_platforms_looks_for_accelerator_plugins(monkeypatch):
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     monkeypatch.delenv("JAX_PLATFORM_NAME", raising=False)
-    monkeypatch.setattr(runtime, "accelerator_plugins", lambda: [])
-    assert runtime.cpu_only()
-    monkeypatch.setattr(runtime, "accelerator_plugins", lambda: ["jax_cuda12_plugin"])
-    assert not runtime.cpu_only()
-    assert not runtime.should_tune_malloc(None)
+    monkeypatch.setattr(host, "accelerator_plugins", lambda: [])
+    assert host.cpu_only()
+    monkeypatch.setattr(host, "accelerator_plugins", lambda: ["jax_cuda12_plugin"])
+    assert not host.cpu_only()
+    assert not host.should_tune_malloc(None)
 
 
 def test_accelerator_plugins_finds_an_installed_plugin_module(monkeypatch, tmp_path):
     (tmp_path / "jax_cuda12_plugin").mkdir()
     (tmp_path / "jax_cuda12_plugin" / "__init__.py").write_text("")
-    before = runtime.accelerator_plugins()
+    before = host.accelerator_plugins()
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "jax_cuda12_plugin" not in before
-    assert "jax_cuda12_plugin" in runtime.accelerator_plugins()
+    assert "jax_cuda12_plugin" in host.accelerator_plugins()
 
 
 def test_an_explicit_choice_wins(monkeypatch):
     monkeypatch.setenv("JAX_PLATFORMS", "cuda")
-    assert runtime.should_tune_malloc(True) is True
+    assert host.should_tune_malloc(True) is True
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    assert runtime.should_tune_malloc(False) is False
+    assert host.should_tune_malloc(False) is False
 
 
 def test_cpu_unless_tpu_needs_libtpu_alone_and_no_tpu_device(tmp_path):
     dev = tmp_path / "dev"
     dev.mkdir()
     environ = {}
-    assert runtime.cpu_unless_tpu(environ, ["libtpu"], str(dev))
+    assert host.cpu_unless_tpu(environ, ["libtpu"], str(dev))
     assert environ == {"JAX_PLATFORMS": "cpu"}
     for chosen in ({"JAX_PLATFORMS": "tpu"}, {"JAX_PLATFORM_NAME": "cpu"}):
-        assert not runtime.cpu_unless_tpu(dict(chosen), ["libtpu"], str(dev))  # the user's
+        assert not host.cpu_unless_tpu(dict(chosen), ["libtpu"], str(dev))  # the user's
     for plugins in ([], ["jax_cuda12_plugin", "libtpu"]):
         environ = {}
-        assert not runtime.cpu_unless_tpu(environ, plugins, str(dev)) and environ == {}
+        assert not host.cpu_unless_tpu(environ, plugins, str(dev)) and environ == {}
     (dev / "vfio").mkdir()
     (dev / "vfio" / "vfio").touch()  # the control file alone: no chip
-    assert runtime.cpu_unless_tpu({}, ["libtpu"], str(dev))
+    assert host.cpu_unless_tpu({}, ["libtpu"], str(dev))
     (dev / "vfio" / "0").touch()  # a TPU v5p / v6e chip
-    assert not runtime.cpu_unless_tpu({}, ["libtpu"], str(dev))
+    assert not host.cpu_unless_tpu({}, ["libtpu"], str(dev))
     (dev / "vfio" / "0").unlink()
     (dev / "accel0").touch()  # a TPU v4 / v5e chip
-    assert not runtime.cpu_unless_tpu({}, ["libtpu"], str(dev))
+    assert not host.cpu_unless_tpu({}, ["libtpu"], str(dev))
 
 
 @pytest.mark.slow
 def test_a_sweep_run_without_jax_platforms_is_tuned_and_quiet(tmp_path):
     """A sweep's child run where libtpu is installed on a host without TPUs (this one, when
     it is): the allocator is tuned as in `experiments.train` and libtpu prints nothing."""
-    if runtime.accelerator_plugins() != ["libtpu"] or runtime.tpu_devices_present():
+    if host.accelerator_plugins() != ["libtpu"] or host.tpu_devices_present():
         pytest.skip("needs libtpu installed, no other accelerator plugin and no TPU chip")
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
     tiny = ["data.name=reverse", "data.num_train_examples=64", "data.num_eval_examples=10"]

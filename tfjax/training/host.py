@@ -1,4 +1,5 @@
-"""Process-level settings for running on a CPU host: the glibc allocator.
+"""Process-level settings of the host: glibc allocator tuning for CPU steps, and the CPU as
+JAX's platform where libtpu is installed without TPUs (`cpu_unless_tpu`).
 
 XLA:CPU asks for one temporary buffer per execution of a compiled program (about 640 MB for the
 benchmark train step, `experiments.bench`), frees it when the step ends, and does so from its
