@@ -7,6 +7,7 @@ other hosts, a filesystem without flock, and the multi-host hand-over through pr
 training commands in `tests/test_train_cli.py`.
 """
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -153,17 +154,17 @@ def test_the_holder_touches_its_record(tmp_path):
 
 
 class _NoFlock:
-    """An `fcntl` whose flock fails as on a filesystem without locks."""
+    """An OS lock whose flock fails as on a filesystem without locks."""
 
-    LOCK_EX, LOCK_NB = 2, 4
+    def __init__(self, path, *, on_acquired):
+        del path, on_acquired
 
-    @staticmethod
-    def flock(fd, operation):
+    def acquire(self):
         raise OSError(errno.ENOLCK, "No locks available")
 
 
 def test_without_flock_the_record_decides(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(lock, "fcntl", _NoFlock)
+    monkeypatch.setattr(lock, "os_file_lock", _NoFlock)
     _write_record(tmp_path, HOST, os.getppid())  # alive: pytest's parent
     with pytest.raises(errors.WorkdirLockedError, match=r"pid \d+ is not a training run.*delete"):
         lock.WorkdirLock(tmp_path).acquire()
@@ -171,6 +172,56 @@ def test_without_flock_the_record_decides(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING), lock.WorkdirLock(tmp_path):
         pass
     assert "cannot flock" in caplog.text and "taking over" in caplog.text
+
+
+_CONTENDER = """
+import sys, time
+from tfjax import errors
+from tfjax.runs import lock
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+sys.stdin.readline()  # the start signal: both processes race from here
+try:
+    held = lock.WorkdirLock(sys.argv[1])
+    held.acquire()
+except errors.WorkdirLockedError as err:
+    print("refused:", err, flush=True)
+    sys.exit(2)
+print("won", flush=True)
+sys.stdin.readline()  # hold the lock until told to stop
+held.release()
+"""
+
+
+def test_two_processes_race_for_one_workdir_and_exactly_one_wins(tmp_path):
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CONTENDER, str(tmp_path)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        assert [racer.stdout.readline() for racer in racers] == ["ready\n"] * 2
+        for racer in racers:
+            racer.stdin.write("go\n")
+            racer.stdin.flush()
+        lines = [racer.stdout.readline().strip() for racer in racers]
+        assert sorted(line.split(":")[0] for line in lines) == ["refused", "won"], lines
+        winner = racers[lines.index("won")]
+        refusal = lines[1 - lines.index("won")]
+        assert refusal.startswith(f"refused: workdir {tmp_path} is in use by another training run")
+        assert f"host {HOST}, pid {winner.pid}, started " in refusal
+        assert racers[lines.index(refusal)].wait(timeout=60) == 2
+    finally:
+        for racer in racers:
+            with contextlib.suppress(OSError):
+                racer.stdin.write("stop\n")
+                racer.stdin.close()
+            racer.wait(timeout=60)
+    assert lock.read_holder(tmp_path) is None  # the winner released it
 
 
 class _Hosts:

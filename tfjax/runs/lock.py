@@ -10,10 +10,12 @@ a `WorkdirLockedError` naming the holder:
     workdir
 
 How the lock works:
-  * The OS lock is `fcntl.flock` on the lock file: the kernel drops it when its process exits
-    in any way (exception, Ctrl-C, SIGKILL, a crash), so a dead run never keeps it. The file
-    also records host, pid, start time and command, for the message; it is emptied on release
-    (not deleted: deleting a flock'ed file lets two runs lock two different files).
+  * The OS lock is `filelock.FileLock` on the lock file: a non-blocking `flock`, which the kernel
+    drops when its process exits in any way (exception, Ctrl-C, SIGKILL, a crash), so a dead run
+    never keeps it; filelock opens the file without truncating it, so a contender that loses
+    cannot wipe the holder's record. The file records host, pid, start time and command, for the
+    message (written by filelock's `on_acquired` hook, with the flock held); it is emptied on
+    release and kept (`preserve_lock_file`).
   * A record found with the flock free is left by a run that is gone (killed, or its machine
     died): it is taken over with a warning. On the same host that is certain; for a record of
     another host see below.
@@ -23,8 +25,14 @@ How the lock works:
     FUSE filesystems) or refuse it (then the record alone is used, with a warning). To be safe
     there too, the holder touches the file every `HEARTBEAT_SECONDS`; a record of another host
     is taken over only once its file has not been touched for `STALE_SECONDS`. A fresh one is
-    watched for up to `STALE_SECONDS`: if it is touched meanwhile the run is alive and refused,
-    otherwise it is taken over. This assumes the hosts' clocks agree within a minute (NTP).
+    watched for up to `STALE_SECONDS` on this host's monotonic clock: if it is touched
+    meanwhile the run is alive and refused, otherwise it is taken over. Only the shortcut for
+    a record untouched for longer than that compares the file's time with this host's clock.
+  * Kept by hand, not filelock's: the heartbeat and the record-only mode. filelock's leases
+    (`SoftFileLease`) and its flock-less fallback (`SoftFileLock`) are existence locks, a
+    second kind of lock beside the flock: a crashed run's marker would block the workdir until
+    its lease ran out even on the same host, where the flock answers at once, and their owner
+    record has no start time or command for the message.
   * Multi-host JAX runs (`jax.process_count() > 1`) are one run: process 0 takes the lock, and
     tells the other processes whether it did, so that all of them stop together.
 
@@ -46,18 +54,16 @@ import sys
 import threading
 import time
 
-from tfjax import errors
+import filelock
 
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; the record alone guards the workdir
-    fcntl = None
+from tfjax import errors
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "train.lock"
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 120.0
+RECORD_WAIT_SECONDS = 2.0
 # flock errors that mean "this filesystem cannot lock", not "someone holds it".
 _NO_LOCKING = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 
@@ -104,6 +110,20 @@ def read_holder(workdir: str | os.PathLike) -> Holder | None:
         return None
 
 
+def os_file_lock(path: pathlib.Path, *, on_acquired) -> filelock.BaseFileLock:
+    """filelock's non-blocking OS lock on `path`: `acquire()` raises `filelock.Timeout` when
+    another process holds it, and an OSError (ENOSYS, ENOLCK, ...) where the filesystem cannot
+    lock (no soft fallback: see the module docstring); `on_acquired(fd)` runs with it held."""
+    return filelock.FileLock(
+        path,
+        timeout=0,
+        thread_local=False,
+        fallback_to_soft=False,
+        preserve_lock_file=True,
+        on_acquired=on_acquired,
+    )
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -135,7 +155,8 @@ class WorkdirLock:
         self.path = self.workdir / LOCK_FILE
         self.heartbeat_seconds = heartbeat_seconds
         self.stale_seconds = stale_seconds
-        self._fd: int | None = None
+        self._lock: filelock.BaseFileLock | None = None
+        self._held = False
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
 
@@ -148,48 +169,13 @@ class WorkdirLock:
 
     def acquire(self) -> None:
         """Takes the lock, or raises `WorkdirLockedError` naming the run that holds it."""
-        if self._fd is not None:
+        if self._lock is not None:
             raise RuntimeError(f"{self.path} is already held by this WorkdirLock")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        os_lock = os_file_lock(self.path, on_acquired=self._claim)
         try:
-            flocked = self._flock(fd)
-            previous = Holder.parse(os.pread(fd, 65536, 0).decode("utf-8", "replace"))
-            if flocked is False:
-                raise self._busy(previous)
-            if previous is not None:
-                self._check_gone(fd, previous, flocked=flocked)
-            record = json.dumps(dataclasses.asdict(this_process())).encode()
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, record + b"\n", 0)
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)  # also drops the flock
-            raise
-        self._fd = fd
-        self._stop.clear()
-        self._heartbeat = threading.Thread(target=self._beat, name="tfjax-lock", daemon=True)
-        self._heartbeat.start()
-
-    def release(self) -> None:
-        """Empties the record and drops the lock; does nothing when not held."""
-        if self._fd is None:
-            return
-        self._stop.set()
-        if self._heartbeat is not None:
-            self._heartbeat.join()
-        fd, self._fd = self._fd, None
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-        os.close(fd)  # drops the flock
-
-    def _flock(self, fd: int) -> bool | None:
-        """True: locked; False: another process holds it; None: the filesystem cannot lock."""
-        if fcntl is None:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
+            os_lock.acquire()
+        except filelock.Timeout:
+            raise self._busy(self._holder_soon()) from None
         except OSError as err:
             if err.errno not in _NO_LOCKING:
                 raise
@@ -198,8 +184,50 @@ class WorkdirLock:
                 self.path,
                 err.strerror,
             )
-            return None
-        return True
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                self._claim(fd, flocked=False)
+            finally:
+                os.close(fd)
+            os_lock = None
+        self._lock = os_lock
+        self._held = True
+        self._stop.clear()
+        self._heartbeat = threading.Thread(target=self._beat, name="tfjax-lock", daemon=True)
+        self._heartbeat.start()
+
+    def _holder_soon(self) -> Holder | None:
+        """The holder's record, waiting up to `RECORD_WAIT_SECONDS` for it: a run that has just
+        taken the flock writes it a moment later, and the refusal should name it."""
+        deadline = time.monotonic() + RECORD_WAIT_SECONDS
+        while (holder := read_holder(self.workdir)) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return holder
+
+    def _claim(self, fd: int, *, flocked: bool = True) -> None:
+        """With the lock file open as `fd` (flocked unless the filesystem cannot): takes over a
+        run that is gone or refuses a live one, then writes this process's record."""
+        previous = Holder.parse(os.pread(fd, 65536, 0).decode("utf-8", "replace"))
+        if previous is not None:
+            self._check_gone(fd, previous, flocked=flocked)
+        record = json.dumps(dataclasses.asdict(this_process())).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record + b"\n", 0)
+        os.fsync(fd)
+
+    def release(self) -> None:
+        """Empties the record and drops the lock; does nothing when not held."""
+        if not self._held:
+            return
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
+        self._held = False
+        with contextlib.suppress(OSError):
+            os.truncate(self.path, 0)
+        os_lock, self._lock = self._lock, None
+        if os_lock is not None:
+            os_lock.release()
 
     def _busy(self, holder: Holder | None) -> errors.WorkdirLockedError:
         who = holder.describe() if holder else "host and pid not written yet"
@@ -251,7 +279,7 @@ class WorkdirLock:
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_seconds):
             try:
-                os.utime(self._fd)
+                os.utime(self.path)
             except OSError:  # e.g. a full disk: the run goes on, the record just ages
                 continue
 
