@@ -4,7 +4,7 @@
         python -m experiments.train --config=configs/base.py:tiny --workdir=runs/two
 
 starts the command `--processes` times. Process i gets `TFJAX_COORDINATOR_ADDRESS` (a free
-port on 127.0.0.1: nothing listens beyond loopback), `TFJAX_NUM_PROCESSES` and
+port on 127.0.0.1 from `portpicker`: nothing listens beyond loopback), `TFJAX_NUM_PROCESSES` and
 `TFJAX_PROCESS_ID=i`; `experiments.train` joins the job when it sees them
 (`tfjax.parallel.distributed`). `--devices_per_process=N` gives each process N simulated CPU
 devices (`--xla_force_host_platform_device_count`); CPU collectives between the processes go
@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 
+import portpicker
 from absl import flags
 
 from experiments import cli
@@ -50,13 +51,6 @@ flags.DEFINE_float(
 TIMEOUT_STATUS = 124  # as timeout(1)
 _DEVICE_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S*")
 _PR_SET_PDEATHSIG = 1
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (the kernel's pick)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def check_port(port: int) -> None:
@@ -214,7 +208,7 @@ def main(argv):
         )
     if FLAGS.port:
         check_port(FLAGS.port)
-    port = FLAGS.port or free_port()
+    port = FLAGS.port or portpicker.pick_unused_port()  # a portserver's, when one runs
     job = Job(command, FLAGS.processes, port, FLAGS.devices_per_process)
     stop = _Stop(job)
     outcome = supervise(job, timeout=FLAGS.timeout_seconds, grace=FLAGS.grace_seconds)

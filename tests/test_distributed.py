@@ -180,3 +180,54 @@ def test_launcher_refuses_a_port_in_use_and_reports_signals():
         launch_local.check_port(70000)
     assert launch_local.describe_status(-9) == "was killed by SIGKILL"
     assert launch_local.describe_status(2) == "exited with status 2"
+
+
+def _jax_environ(address=ADDRESS, count="2", index="1") -> dict:
+    values = dict(zip(distributed.JAX_ENV_VARS, (address, count, index), strict=True))
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def test_jax_own_variables_describe_a_job_and_tfjax_ones_win():
+    assert distributed.job_from_environ(_jax_environ()) == distributed.Job(ADDRESS, 2, 1)
+    assert distributed.requested(False, _jax_environ())
+    both = {**_jax_environ(), **_environ(address="10.0.0.1:9", count="4", index="3")}
+    assert distributed.job_from_environ(both) == distributed.Job("10.0.0.1:9", 4, 3)
+    # The coordinator alone: JAX reads it itself and detects the rest; no job is requested.
+    alone = _jax_environ(count=None, index=None)
+    assert distributed.job_from_environ(alone) == distributed.Job()
+    assert not distributed.requested(False, alone)
+
+
+@pytest.mark.parametrize(
+    "environ, message",
+    [
+        (_jax_environ(index=None), "JAX_PROCESS_ID not"),
+        (_jax_environ(address=None), "set all of JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES"),
+        (_jax_environ(count="two"), "JAX_NUM_PROCESSES='two' is not an integer"),
+        (_jax_environ(index="2"), "0 <= JAX_PROCESS_ID < JAX_NUM_PROCESSES"),
+        (_jax_environ(address="nohost"), "JAX_COORDINATOR_ADDRESS='nohost' is not host:port"),
+    ],
+)
+def test_bad_jax_variables_are_one_line_errors_naming_them(environ, message):
+    with pytest.raises(errors.DistributedError, match=message) as raised:
+        distributed.job_from_environ(environ)
+    assert "\n" not in str(raised.value)
+
+
+def test_the_detection_error_names_every_cluster_jax_detects():
+    from jax._src import clusters  # jax's registry of the environments it detects
+
+    text = str(distributed._start_error(distributed.Job(), RuntimeError("no cluster")))
+    words = {  # each cluster class -> how the message names it
+        "OmpiCluster": "Open MPI",
+        "SlurmCluster": "Slurm",
+        "Mpi4pyCluster": "mpi4py",
+        "BaseTpuCluster": "TPU",
+        "GceTpuCluster": "Cloud TPU VMs (GCE)",
+        "GkeTpuCluster": "TPUs on GKE",
+        "K8sCluster": "Kubernetes",
+    }
+    for cluster in clusters.ClusterEnv._cluster_types:
+        assert cluster.__name__ in words, f"jax detects {cluster.__name__}: name it in CLUSTERS"
+        assert words[cluster.__name__] in text
+    assert "JAX_COORDINATOR_ADDRESS" in text and "\n" not in text

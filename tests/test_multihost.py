@@ -27,10 +27,12 @@ import time
 
 import jax
 import numpy as np
+import portpicker
 import pytest
 
 from experiments import config_utils
 from tfjax.data import datasets, pipeline
+from tfjax.parallel import distributed
 from tfjax.runs import build
 from tfjax.training import logger
 
@@ -61,6 +63,7 @@ FSDP = ["parallel.mode=sharded", "parallel.fsdp=2"]
 
 def _env(root: pathlib.Path, devices: int | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFJAX_")}
+    env = {k: v for k, v in env.items() if k not in distributed.JAX_ENV_VARS}
     env.update(JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"))
     if devices:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
@@ -423,8 +426,32 @@ def test_bad_launches_are_one_line_errors(root, tmp_path):
     assert f"the coordinator at 127.0.0.1:{port} (process 0) did not answer" in joiner.stderr
     alone = _run(_train(tmp_path / "c", 2, "parallel.distributed=true"), _env(root, 1))
     assert alone.returncode == 2 and len(_errors(alone.stderr)) == 1
-    assert "no TPU VM, Slurm or Open MPI job was detected" in alone.stderr
+    assert "no cluster JAX knows was detected (Cloud TPU VMs (GCE), " in alone.stderr
+    assert all(cluster in alone.stderr for cluster in ("Slurm", "Open MPI", "Kubernetes"))
     assert not any((tmp_path / name).exists() for name in "abc")  # nothing was written
+
+
+def test_a_job_started_with_jax_own_variables_runs_as_two_processes(root, tmp_path):
+    env = _env(root, 1)
+    env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{portpicker.pick_unused_port()}")
+    env.update(JAX_NUM_PROCESSES="2")
+    command = _train(tmp_path / "run", 2)
+    started = [
+        subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**env, "JAX_PROCESS_ID": str(index)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for index in range(2)
+    ]
+    outputs = [process.communicate(timeout=TIMEOUT)[0] for process in started]
+    assert [process.returncode for process in started] == [0, 0], outputs[0][-3000:]
+    assert "devices: 2 x cpu" in outputs[0]  # one device each, one job of two
+    assert "devices:" not in outputs[1]  # process 1 prints nothing of its own
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
 
 
 def test_a_batch_that_does_not_divide_over_the_processes_is_refused(root, tmp_path):

@@ -5,9 +5,12 @@ A job is P processes, each driving its own devices; together they see every devi
 process calls `initialize` once, before any other JAX call, in one of two ways:
   * explicit: the coordinator address (process 0 serves it), the process count and this
     process's id come from `TFJAX_COORDINATOR_ADDRESS`, `TFJAX_NUM_PROCESSES` and
-    `TFJAX_PROCESS_ID` (`python -m experiments.launch_local` sets them; so can a user);
-  * detected: with none of them set, `jax.distributed.initialize()` finds the job itself on
-    Cloud TPU VMs, Slurm and Open MPI (JAX's `jax._src.clusters`).
+    `TFJAX_PROCESS_ID` (`python -m experiments.launch_local` sets them; so can a user), or
+    from JAX's own names for them, `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES` and
+    `JAX_PROCESS_ID` (the TFJAX_ ones win when both are set);
+  * detected: with none of them set (or `JAX_COORDINATOR_ADDRESS` alone, which JAX reads
+    itself), `jax.distributed.initialize()` finds the job on the clusters JAX knows
+    (`CLUSTERS`: JAX's `jax._src.clusters`).
 Sources: the JAX guide "Introduction to multi-controller JAX" (docs.jax.dev, multi_process)
 and the docstrings of `jax.distributed.initialize` and
 `jax.experimental.multihost_utils.reached_preemption_sync_point` (jax 0.10).
@@ -31,6 +34,16 @@ ENV_COORDINATOR = "TFJAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "TFJAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "TFJAX_PROCESS_ID"
 ENV_VARS = (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID)
+JAX_ENV_VARS = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+# The environments `jax.distributed.initialize()` detects by itself (jax 0.10).
+CLUSTERS = (
+    "Cloud TPU VMs (GCE)",
+    "TPUs on GKE",
+    "Slurm",
+    "Open MPI",
+    "Kubernetes (a pod of an indexed Job)",
+    "MPI through mpi4py (opt-in: cluster_detection_method='mpi4py')",
+)
 _LOOPBACK = ("127.", "localhost", "[::1]")
 RESUME_HINT = "rerun the same command (on every host): it resumes from the last complete checkpoint"
 
@@ -49,7 +62,7 @@ class Job:
 
     def describe(self) -> str:
         if not self.explicit:
-            return "a job detected from the cluster environment (TPU VM, Slurm or Open MPI)"
+            return "a job detected from the cluster environment"
         return (
             f"process {self.process_id} of {self.num_processes} with the coordinator at "
             f"{self.coordinator_address}"
@@ -57,34 +70,42 @@ class Job:
 
 
 def job_from_environ(environ: Mapping[str, str] = os.environ) -> Job:
-    """The job `TFJAX_*` variables describe (all three or none of them set).
+    """The job the `TFJAX_*` variables describe, else JAX's `JAX_*` ones (all three or none
+    of a family set; `JAX_COORDINATOR_ADDRESS` alone leaves the rest to JAX's detection).
 
     Raises:
         DistributedError: for a partial set, a value that is not a number, or an id >= count.
     """
-    values = {name: environ.get(name, "").strip() for name in ENV_VARS}
+    names = ENV_VARS
+    if not any(environ.get(name, "").strip() for name in ENV_VARS):
+        names = JAX_ENV_VARS
+    values = {name: environ.get(name, "").strip() for name in names}
     given = [name for name, value in values.items() if value]
-    if not given:
+    if not given or given == [JAX_ENV_VARS[0]]:  # JAX reads JAX_COORDINATOR_ADDRESS itself
         return Job()
-    if len(given) < len(ENV_VARS):
-        missing = ", ".join(name for name in ENV_VARS if name not in given)
+    coordinator, num_processes, process_id = names
+    if len(given) < len(names):
+        missing = ", ".join(name for name in names if name not in given)
         raise errors.DistributedError(
-            f"{', '.join(given)} set but {missing} not: set all of {', '.join(ENV_VARS)} "
+            f"{', '.join(given)} set but {missing} not: set all of {', '.join(names)} "
             "(python -m experiments.launch_local does), or none to detect the cluster"
         )
-    _split_address(values[ENV_COORDINATOR])
-    count, index = (_integer(name, values[name]) for name in (ENV_NUM_PROCESSES, ENV_PROCESS_ID))
+    _split_address(values[coordinator], coordinator)
+    count, index = (_integer(name, values[name]) for name in (num_processes, process_id))
     if count < 1 or not 0 <= index < count:
         raise errors.DistributedError(
-            f"{ENV_PROCESS_ID}={index} with {ENV_NUM_PROCESSES}={count}: need "
-            f"{ENV_NUM_PROCESSES} >= 1 and 0 <= {ENV_PROCESS_ID} < {ENV_NUM_PROCESSES}"
+            f"{process_id}={index} with {num_processes}={count}: need "
+            f"{num_processes} >= 1 and 0 <= {process_id} < {num_processes}"
         )
-    return Job(values[ENV_COORDINATOR], count, index)
+    return Job(values[coordinator], count, index)
 
 
 def requested(distributed: bool, environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether to join a job: `parallel.distributed`, or a launcher's `TFJAX_*` variables."""
-    return distributed or any(environ.get(name) for name in ENV_VARS)
+    """Whether to join a job: `parallel.distributed`, or a launcher's `TFJAX_*` variables, or
+    JAX's `JAX_NUM_PROCESSES` / `JAX_PROCESS_ID` (`JAX_COORDINATOR_ADDRESS` alone is not a
+    request: JAX's own tools set it for single-process runs too)."""
+    names = (*ENV_VARS, *JAX_ENV_VARS[1:])
+    return distributed or any(environ.get(name) for name in names)
 
 
 def _integer(name: str, text: str) -> int:
@@ -94,12 +115,10 @@ def _integer(name: str, text: str) -> int:
         raise errors.DistributedError(f"{name}={text!r} is not an integer") from None
 
 
-def _split_address(address: str) -> tuple[str, int]:
+def _split_address(address: str, name: str = ENV_COORDINATOR) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise errors.DistributedError(
-            f"{ENV_COORDINATOR}={address!r} is not host:port (e.g. 127.0.0.1:12355)"
-        )
+        raise errors.DistributedError(f"{name}={address!r} is not host:port (e.g. 127.0.0.1:12355)")
     return host.strip("[]"), int(port)
 
 
@@ -148,8 +167,9 @@ def _start_error(job: Job, err: Exception) -> errors.DistributedError:
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if not job.explicit:
         fix = (
-            "no TPU VM, Slurm or Open MPI job was detected: run under one, use python -m "
-            f"experiments.launch_local on one machine, or set {', '.join(ENV_VARS)}"
+            f"no cluster JAX knows was detected ({', '.join(CLUSTERS)}): run under one, use "
+            "python -m experiments.launch_local on one machine, or set "
+            f"{', '.join(ENV_VARS)} (or {', '.join(JAX_ENV_VARS)})"
         )
     elif "RPC server" in text:
         fix = f"is port {job.coordinator_address.rpartition(':')[2]} in use? choose a free one"
