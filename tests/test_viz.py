@@ -286,3 +286,33 @@ def test_figures_show_as_png_in_notebooks():
     fig = viz.mask_matrix(np.eye(2, dtype=bool))
     assert isinstance(fig, figure.Figure)
     assert fig._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"  # what IPython's display shows
+
+
+def test_pictures_draw_into_the_callers_axes_of_one_figure(tmp_path):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4))
+    left, right = fig.subplots(1, 2)
+    table = np.asarray(positional.sinusoidal_table(6, 4))
+    mask = np.tril(np.ones((3, 3), bool))
+    assert viz.positional_heatmap(table, ax=left) is fig
+    assert viz.mask_matrix(mask, ax=right, title="causal") is fig
+    np.testing.assert_array_equal(_image(left), table)  # each picture in the axes given
+    np.testing.assert_array_equal(_image(right), mask)
+    assert right.get_title() == "causal" and left.get_xlabel() == "dimension d"
+    assert len(_colorbars(fig)) == 2 and _panels(fig) == [left, right]  # nothing else added
+    # Several panels: one Axes per panel, in order.
+    _write_run(tmp_path / "a", [4.0, 3.0, 2.0, 1.5])
+    curves = Figure()
+    loss, bleu = curves.subplots(1, 2)
+    assert viz.learning_curves(tmp_path / "a", metrics=("loss", "bleu"), ax=[loss, bleu]) is curves
+    assert _line(loss, "a: train")[1] == [4.0, 3.0, 2.0, 1.5]
+    assert _line(bleu, "a: eval") == ([2, 4], [20.0, 40.0])
+    assert [t.get_text() for t in bleu.get_legend().get_texts()] == ["a", "train", "eval"]
+    heads = Figure()
+    assert viz.attention_heads(_weights(2, 3, 3), ax=heads.subplots(1, 2)) is heads
+    assert len(_panels(heads)) == 2
+    with pytest.raises(ValueError, match="ax must be 2 matplotlib Axes"):
+        viz.learning_curves(tmp_path / "a", metrics=("loss", "bleu"), ax=loss)
+    with pytest.raises(ValueError, match="ax must be a matplotlib Axes"):
+        viz.positional_heatmap(table, ax="left")

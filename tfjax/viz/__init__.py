@@ -3,7 +3,9 @@
 Every function returns a `matplotlib.figure.Figure` drawn without pyplot: the figure carries
 its own Agg canvas, so it works in scripts, over SSH and in notebooks (`display(fig)`, or
 leave it as a cell's last expression) and never changes the process-wide backend. `save`
-writes one to disk at README size.
+writes one to disk at README size. To place a picture in a figure of one's own, pass its
+matplotlib Axes as `ax=` (one Axes per panel for the pictures of several panels): the picture
+is drawn there, with its colour bar, and the function returns that figure.
 
 matplotlib is an optional dependency (the `viz` extra: `pip install -e ".[viz]"`). It is
 imported when a figure is drawn, not when this package is imported, so `import tfjax.viz`

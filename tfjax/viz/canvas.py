@@ -65,6 +65,42 @@ def new_figure(width: float, height: float) -> Figure:
     return fig
 
 
+def one_axes(ax: Any, width: float, height: float) -> tuple[Figure, Any]:
+    """(figure, axes) to draw one panel in: the caller's `ax` and its figure (matplotlib's
+    convention for placing a picture in one's own figure), else a new `width` x `height`
+    figure with one axes."""
+    if ax is not None:
+        _check_axes([ax], 1)
+        return ax.figure, ax
+    fig = new_figure(width, height)
+    return fig, fig.subplots()
+
+
+def given_axes(ax: Any, count: int) -> tuple[Figure, list[Any]]:
+    """The caller's axes for `count` panels: one Axes when `count` is 1, else a sequence of
+    `count` Axes (e.g. `fig.subplots(1, count)`) of one figure.
+
+    Raises:
+        ValueError: a wrong number of axes, or axes of different figures.
+    """
+    axes = [ax] if count == 1 and not isinstance(ax, Sequence | np.ndarray) else list(np.ravel(ax))
+    _check_axes(axes, count)
+    return axes[0].figure, axes
+
+
+def _check_axes(axes: list[Any], count: int) -> None:
+    from matplotlib.axes import Axes
+
+    if len(axes) != count or not all(isinstance(a, Axes) for a in axes):
+        raise ValueError(
+            f"ax must be {'a matplotlib Axes' if count == 1 else f'{count} matplotlib Axes'} "
+            f"(one per panel), got {len(axes)} item(s) of type "
+            f"{', '.join(sorted({type(a).__name__ for a in axes}))}"
+        )
+    if len({id(a.figure) for a in axes}) > 1:
+        raise ValueError("ax: all the axes must belong to one figure")
+
+
 def save(fig: Figure, path: str | os.PathLike) -> pathlib.Path:
     """Writes `fig` to `path` (PNG, or the format its suffix names) at `DPI` dots per inch.
 

@@ -92,6 +92,7 @@ def learning_curves(
     *,
     metrics: Sequence[str] = ("loss",),
     title: str | None = None,
+    ax: Any = None,
 ) -> canvas.Figure:
     """One panel per metric against step: train a line, eval markers, one colour per run.
 
@@ -103,7 +104,10 @@ def learning_curves(
         workdirs: run directories holding `metrics.jsonl` (as `tfjax.training.logger` writes
             it): one path, a sequence of paths (labelled by folder name), or label -> path.
         metrics: the metric names to draw, e.g. ("loss", "bleu").
-        title: the figure's title.
+        title: the figure's title (not set on a figure given through `ax`).
+        ax: the matplotlib Axes to draw into instead of a new figure, one per metric (a single
+            Axes for one metric), all of one figure; the legend then goes on the last of them,
+            and the function returns their figure.
 
     Raises:
         FileNotFoundError: a workdir without `metrics.jsonl` (named in the message).
@@ -114,11 +118,17 @@ def learning_curves(
     runs = {label: _read(path) for label, path in _labelled(workdirs).items()}
     metrics = [metrics] if isinstance(metrics, str) else list(metrics)
     _check_metrics(runs, metrics)
-    fig = canvas.new_figure(4.8 * len(metrics) + 2.0, 4.0)
-    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     colors = {label: f"C{i % 10}" for i, label in enumerate(runs)}
-    for ax, metric in zip(axes, metrics, strict=True):
-        _draw_metric(ax, runs, metric, colors)
+    if ax is not None:
+        fig, axes = canvas.given_axes(ax, len(metrics))
+    else:
+        fig = canvas.new_figure(4.8 * len(metrics) + 2.0, 4.0)
+        axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+    for panel, metric in zip(axes, metrics, strict=True):
+        _draw_metric(panel, runs, metric, colors)
+    if ax is not None:
+        axes[-1].legend(handles=_legend_handles(colors), fontsize="small")
+        return fig
     fig.legend(handles=_legend_handles(colors), loc="outside right upper", fontsize="small")
     if title:
         fig.suptitle(title)

@@ -35,12 +35,16 @@ def _table(table: npt.ArrayLike) -> np.ndarray:
     return canvas.matrix("table", table, "[L, D] (positions x dimensions)").astype(np.float32)
 
 
-def positional_heatmap(table: npt.ArrayLike, *, title: str | None = None) -> canvas.Figure:
+def positional_heatmap(
+    table: npt.ArrayLike, *, title: str | None = None, ax: Any = None
+) -> canvas.Figure:
     """Positions down, dimensions across, values on a blue-white-red scale centred on 0.
 
     Args:
         table: [L, D] float, e.g. `tfjax.nn.positional.sinusoidal_table(128, 64)`.
         title: the figure's title; default names the shape.
+        ax: a matplotlib Axes to draw into (with its colour bar beside it) instead of a new
+            figure; the function then returns `ax.figure`.
 
     Raises:
         ValueError: `table` is not [L, D].
@@ -48,8 +52,7 @@ def positional_heatmap(table: npt.ArrayLike, *, title: str | None = None) -> can
     values = _table(table)  # [L, D]
     length, dim = values.shape
     bound = float(np.abs(values).max()) or 1.0
-    fig = canvas.new_figure(6.4, 4.8)
-    ax = fig.subplots()
+    fig, ax = canvas.one_axes(ax, 6.4, 4.8)
     image = ax.imshow(values, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
     ax.set(
         xlabel="dimension d", ylabel="position", title=title or f"{length} positions x {dim} dims"
@@ -60,12 +63,15 @@ def positional_heatmap(table: npt.ArrayLike, *, title: str | None = None) -> can
     return fig
 
 
-def similarity_heatmap(table: npt.ArrayLike, *, title: str | None = None) -> canvas.Figure:
+def similarity_heatmap(
+    table: npt.ArrayLike, *, title: str | None = None, ax: Any = None
+) -> canvas.Figure:
     """The dot product of every pair of positions, `table @ table.T` ([L, L]).
 
     Args:
         table: [L, D] float, one row per position.
         title: the figure's title; default names the shape.
+        ax: a matplotlib Axes to draw into instead of a new figure (returns `ax.figure`).
 
     Raises:
         ValueError: `table` is not [L, D].
@@ -73,8 +79,7 @@ def similarity_heatmap(table: npt.ArrayLike, *, title: str | None = None) -> can
     values = _table(table)  # [L, D]
     length = values.shape[0]
     products = values @ values.T  # [L, L]
-    fig = canvas.new_figure(5.6, 4.8)
-    ax = fig.subplots()
+    fig, ax = canvas.one_axes(ax, 5.6, 4.8)
     image = ax.imshow(products, cmap="viridis")
     default = f"dot products of {length} positions"
     ax.set(xlabel="position j", ylabel="position i", title=title or default)
@@ -125,6 +130,7 @@ def mask_matrix(
     query_labels: Sequence[str] | None = None,
     key_labels: Sequence[str] | None = None,
     title: str | None = None,
+    ax: Any = None,
 ) -> canvas.Figure:
     """Which key (column) each query (row) may attend: blue True, grey False.
 
@@ -134,6 +140,7 @@ def mask_matrix(
         query_labels: L tick labels for the rows (default: positions).
         key_labels: S tick labels for the columns (default: positions).
         title: the figure's title; default names the shape.
+        ax: a matplotlib Axes to draw into instead of a new figure (returns `ax.figure`).
 
     Raises:
         ValueError: `mask` is not [L, S] after dropping leading 1s, is not bool, or a label
@@ -143,10 +150,9 @@ def mask_matrix(
     length, kv_length = values.shape
     canvas.check_labels("query_labels", query_labels, length, "L")
     canvas.check_labels("key_labels", key_labels, kv_length, "S")
-    fig = canvas.new_figure(
-        _clamp(_CELL * kv_length + 3.2, 4.5, 10.0), _clamp(_CELL * length + 1.6, 3.2, 9.0)
+    fig, ax = canvas.one_axes(
+        ax, _clamp(_CELL * kv_length + 3.2, 4.5, 10.0), _clamp(_CELL * length + 1.6, 3.2, 9.0)
     )
-    ax = fig.subplots()
     image = _draw_mask(ax, values)
     ax.set(
         xlabel="key", ylabel="query", title=title or f"mask: {length} queries x {kv_length} keys"
@@ -173,17 +179,21 @@ def _grid(fig: Any, count: int, cols: int, rows: int) -> list[Any]:
     return list(axes[:count])
 
 
-def mask_grid(masks: Mapping[str, npt.ArrayLike], *, ncols: int = 4) -> canvas.Figure:
+def mask_grid(
+    masks: Mapping[str, npt.ArrayLike], *, ncols: int = 4, ax: Any = None
+) -> canvas.Figure:
     """Several masks side by side, one titled panel each, with one shared colour key.
 
     Args:
         masks: name -> [L, S] bool mask (leading 1s dropped, as in `mask_matrix`); the shapes
             may differ.
-        ncols: panels per row.
+        ncols: panels per row (without `ax`).
+        ax: the matplotlib Axes to draw into instead of a new figure, one per mask (a single
+            Axes for one mask), all of one figure; returns that figure.
 
     Raises:
-        ValueError: no masks, a mask that is not [L, S] bool (named in the message), or
-            `ncols` < 1.
+        ValueError: no masks, a mask that is not [L, S] bool (named in the message),
+            `ncols` < 1, or `ax` not one Axes per mask.
     """
     if not masks:
         raise ValueError("masks is empty: give at least one name -> [L, S] mask")
@@ -191,8 +201,11 @@ def mask_grid(masks: Mapping[str, npt.ArrayLike], *, ncols: int = 4) -> canvas.F
     side = max(max(v.shape) for v in values.values())
     panel = _clamp(_CELL * side + 0.9, 2.4, 4.5)
     cols, rows = _layout(len(values), ncols)
-    fig = canvas.new_figure(panel * cols + 1.4, (panel + 0.4) * rows)
-    axes = _grid(fig, len(values), cols, rows)
+    if ax is not None:
+        fig, axes = canvas.given_axes(ax, len(values))
+    else:
+        fig = canvas.new_figure(panel * cols + 1.4, (panel + 0.4) * rows)
+        axes = _grid(fig, len(values), cols, rows)
     for ax, (name, mask) in zip(axes, values.items(), strict=True):
         image = _draw_mask(ax, mask)
         ax.set(title=name, xlabel="key", ylabel="query")
@@ -221,6 +234,7 @@ def attention_map(
     query_tokens: Sequence[str] | None = None,
     key_tokens: Sequence[str] | None = None,
     title: str | None = None,
+    ax: Any = None,
 ) -> canvas.Figure:
     """One head's attention weights: queries down, keys across, the weight as colour.
 
@@ -230,6 +244,7 @@ def attention_map(
         query_tokens: L labels for the rows (e.g. the target tokens).
         key_tokens: S labels for the columns (e.g. the source tokens).
         title: the figure's title.
+        ax: a matplotlib Axes to draw into instead of a new figure (returns `ax.figure`).
 
     Raises:
         ValueError: `weights` is not [L, S], or a token count differs from L or S.
@@ -239,8 +254,7 @@ def attention_map(
     _check_tokens(query_tokens, key_tokens, length, kv_length)
     width = _clamp(_CELL * kv_length + 2.8, 4.0, 12.0)
     height = _clamp(_CELL * length + 1.8, 3.2, 12.0) + _label_room(key_tokens)
-    fig = canvas.new_figure(width, height)
-    ax = fig.subplots()
+    fig, ax = canvas.one_axes(ax, width, height)
     image = _draw_weights(ax, values, float(values.max()) or 1.0)
     ax.set(xlabel="key", ylabel="query", title=title or "attention weights")
     canvas.label_axis(ax, "x", key_tokens)
@@ -256,6 +270,7 @@ def attention_heads(
     key_tokens: Sequence[str] | None = None,
     title: str | None = None,
     ncols: int = 4,
+    ax: Any = None,
 ) -> canvas.Figure:
     """Every head's attention weights, one panel per head on one colour scale.
 
@@ -264,12 +279,14 @@ def attention_heads(
             [1, N, L, S] works too).
         query_tokens: L labels for the rows (shown on the first panel of each row).
         key_tokens: S labels for the columns (shown on every panel).
-        title: the figure's title.
-        ncols: panels per row.
+        title: the figure's title (not set on a figure given through `ax`).
+        ncols: panels per row; with `ax`, where the rows of `ax` begin (query labels).
+        ax: the matplotlib Axes to draw into instead of a new figure, one per head (a single
+            Axes for one head), all of one figure; returns that figure.
 
     Raises:
-        ValueError: `weights` is not [N, L, S], a token count differs from L or S, or `ncols`
-            < 1.
+        ValueError: `weights` is not [N, L, S], a token count differs from L or S, `ncols`
+            < 1, or `ax` not one Axes per head.
     """
     values = _weights(weights, "[N, L, S] (heads x queries x keys)", 3)
     num_heads, length, kv_length = values.shape
@@ -277,8 +294,12 @@ def attention_heads(
     cols, rows = _layout(num_heads, ncols)
     panel_w = _clamp(_CELL * kv_length + 0.9, 2.4, 6.0)
     panel_h = _clamp(_CELL * length + 0.9, 2.2, 6.0) + _label_room(key_tokens)
-    fig = canvas.new_figure(panel_w * cols + 1.6, panel_h * rows + 0.6 + 0.4 * bool(title))
-    axes = _grid(fig, num_heads, cols, rows)
+    own_figure = ax is None
+    if not own_figure:
+        fig, axes = canvas.given_axes(ax, num_heads)
+    else:
+        fig = canvas.new_figure(panel_w * cols + 1.6, panel_h * rows + 0.6 + 0.4 * bool(title))
+        axes = _grid(fig, num_heads, cols, rows)
     vmax = float(values.max()) or 1.0
     for head, ax in enumerate(axes):
         image = _draw_weights(ax, values[head], vmax)
@@ -290,6 +311,6 @@ def attention_heads(
         else:
             canvas.label_axis(ax, "y", None if query_tokens is None else [""] * length)
     fig.colorbar(image, ax=axes, label="attention weight", shrink=0.8)
-    if title:
+    if title and own_figure:
         fig.suptitle(title)
     return fig
