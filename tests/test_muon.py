@@ -4,6 +4,7 @@ factor, the kernels' matrix axes, the first two updates written out, training an
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from experiments import config_utils
@@ -24,10 +25,21 @@ def _newton_schulz_numpy(u, steps=5):
     return x.T if tall else x
 
 
+def _first_direction(tree):
+    """`muon.scale_by_muon`'s first update of `tree` taken as the gradient: with one step the
+    bias-corrected Nesterov momentum is a positive multiple of the gradient, which the
+    Newton-Schulz normalisation drops. Leaves that take no Muon come back unchanged."""
+    mask = muon.muon_mask(tree)
+    transform = optax.masked(muon.scale_by_muon(0.5), mask)
+    out, _ = transform.update(tree, transform.init(tree))
+    return out
+
+
 @pytest.mark.parametrize("shape", [(6, 10), (10, 6), (8, 8)])
 def test_newton_schulz_matches_numpy_and_approaches_the_polar_factor(shape):
     u = np.random.default_rng(0).normal(size=shape)
-    got = np.asarray(muon.newton_schulz(jnp.asarray(u, jnp.float32)))
+    tree = {"mlp": {"wi": {"kernel": jnp.asarray(u, jnp.float32)}}}
+    got = _first_direction(tree)["mlp"]["wi"]["kernel"] / np.sqrt(max(1, shape[1] / shape[0]))
     np.testing.assert_allclose(got, _newton_schulz_numpy(u), atol=2e-5)
     # The polar factor U V^T of u = U S V^T; Newton-Schulz leaves singular values in ~[0.6, 1.2].
     left, _, right = np.linalg.svd(u, full_matrices=False)
@@ -69,19 +81,20 @@ def test_muon_dimensions_names_the_hidden_kernels_and_their_fan_in():
         jax.tree_util.keystr(p): a
         for p, a in jax.tree_util.tree_leaves_with_path(
             muon.muon_dimensions(_kernel_tree()),
-            is_leaf=lambda x: x is None or isinstance(x, muon.MatrixAxes),
+            is_leaf=lambda x: x is None or isinstance(x, muon.MuonDimensionNumbers),
         )
     }
     layer = "['decoder']['layer_0']"
+    D = muon.MuonDimensionNumbers  # reduction axes = fan-in, output axes = fan-out
     expected = {
-        f"{layer}['self_attention']['qkv']['kernel']": muon.MatrixAxes((), (0,)),
-        f"{layer}['self_attention']['out']['kernel']": muon.MatrixAxes((), (0, 1)),
-        f"{layer}['cross_attention']['query']['kernel']": muon.MatrixAxes((), (0,)),
-        f"{layer}['cross_attention']['kv']['kernel']": muon.MatrixAxes((), (0,)),
-        f"{layer}['mlp']['wi']['kernel']": muon.MatrixAxes((), (0,)),
-        f"{layer}['mlp']['wo']['kernel']": muon.MatrixAxes((), (0,)),
-        "['decoder']['layers']['mlp']['wi_gate']['kernel']": muon.MatrixAxes((0,), (1,)),
-        "['decoder']['layers']['self_attention']['out']['kernel']": muon.MatrixAxes((0,), (1, 2)),
+        f"{layer}['self_attention']['qkv']['kernel']": D((0,), (1, 2)),
+        f"{layer}['self_attention']['out']['kernel']": D((0, 1), (2,)),
+        f"{layer}['cross_attention']['query']['kernel']": D((0,), (1, 2)),
+        f"{layer}['cross_attention']['kv']['kernel']": D((0,), (1, 2)),
+        f"{layer}['mlp']['wi']['kernel']": D((0,), (1,)),
+        f"{layer}['mlp']['wo']['kernel']": D((0,), (1,)),
+        "['decoder']['layers']['mlp']['wi_gate']['kernel']": D((1,), (2,)),
+        "['decoder']['layers']['self_attention']['out']['kernel']": D((1, 2), (3,)),
     }
     assert {k: v for k, v in axes.items() if v is not None} == expected
     # Embeddings, heads, biases and norm scales keep Adam.
@@ -89,21 +102,26 @@ def test_muon_dimensions_names_the_hidden_kernels_and_their_fan_in():
     assert axes[f"{layer}['self_attention']['qkv']['bias']"] is None
 
 
-def test_orthogonalize_flattens_fan_in_and_fan_out_and_treats_layers_apart():
+def test_kernels_are_orthogonalised_over_fan_in_and_fan_out_and_layers_apart():
     tree = _kernel_tree()
-    out = tree["decoder"]["layer_0"]["self_attention"]["out"]["kernel"]  # [N=2, H=4, D=8]
-    got = muon.orthogonalize(out, muon.MatrixAxes((), (0, 1)))
+    got = _first_direction(tree)
+    layer, got_layer = tree["decoder"]["layer_0"], got["decoder"]["layer_0"]
+    out = layer["self_attention"]["out"]["kernel"]  # [N=2, H=4, D=8]
     want = _newton_schulz_numpy(np.asarray(out).reshape(8, 8)).reshape(2, 4, 8)
-    np.testing.assert_allclose(got, want, atol=2e-5)
-    qkv = tree["decoder"]["layer_0"]["self_attention"]["qkv"]["kernel"]  # [D=8, 6, 4]: wide
-    got = muon.orthogonalize(qkv, muon.MatrixAxes((), (0,)))
+    np.testing.assert_allclose(got_layer["self_attention"]["out"]["kernel"], want, atol=2e-5)
+    qkv = layer["self_attention"]["qkv"]["kernel"]  # [D=8, 6, 4]: wide
     want = _newton_schulz_numpy(np.asarray(qkv).reshape(8, 24)) * np.sqrt(24 / 8)
-    np.testing.assert_allclose(got, want.reshape(8, 6, 4), atol=5e-5)
+    np.testing.assert_allclose(
+        got_layer["self_attention"]["qkv"]["kernel"], want.reshape(8, 6, 4), atol=5e-5
+    )
     stacked = tree["decoder"]["layers"]["mlp"]["wi_gate"]["kernel"]  # [3, 8, 16]
-    got = muon.orthogonalize(stacked, muon.MatrixAxes((0,), (1,)))
     for i in range(3):
         want = _newton_schulz_numpy(np.asarray(stacked[i])) * np.sqrt(2.0)
-        np.testing.assert_allclose(got[i], want, atol=5e-5)
+        np.testing.assert_allclose(
+            got["decoder"]["layers"]["mlp"]["wi_gate"]["kernel"][i], want, atol=5e-5
+        )
+    # The rest (embeddings, heads, biases) is not Muon's: it passes through unchanged.
+    np.testing.assert_array_equal(got["embed"]["embedding"], tree["embed"]["embedding"])
 
 
 def _muon_config(**fields) -> optim.OptimConfig:
@@ -137,7 +155,11 @@ def test_the_first_two_updates_written_out():
     m1 = 0.1 * g1
     m2 = 0.9 * m1 + 0.1 * g2
     scale = np.sqrt(6 / 4)
-    for update, ahead in zip(updates, (0.9 * m1 + 0.1 * g1, 0.9 * m2 + 0.1 * g2), strict=True):
+    # Nesterov with Adam's bias correction (optax): at step t, beta M_t / (1 - beta^(t+1)) +
+    # (1 - beta) G_t / (1 - beta^t).
+    ahead1 = 0.9 * m1 / (1 - 0.9**2) + 0.1 * g1 / (1 - 0.9)
+    ahead2 = 0.9 * m2 / (1 - 0.9**3) + 0.1 * g2 / (1 - 0.9**2)
+    for update, ahead in zip(updates, (ahead1, ahead2), strict=True):
         want = -0.05 * scale * _newton_schulz_numpy(ahead)
         np.testing.assert_allclose(update["mlp"]["wi"]["kernel"], want, atol=5e-6)
     # The bias takes Adam at learning_rate: its first step is -lr * g / (|g| + eps).
