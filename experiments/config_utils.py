@@ -14,7 +14,7 @@ import difflib
 import importlib.util
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -132,15 +132,8 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-def apply_override(config: ml_collections.ConfigDict, override: str) -> None:
-    """Applies one `"a.b=value"` override in place (see `load_config` for the value syntax).
-
-    Raises:
-        ConfigError: as described in `load_config`.
-    """
-    key, sep, raw = override.partition("=")
-    if not sep or not key:
-        raise errors.ConfigError(f"config override {override!r} is not of the form 'a.b=value'")
+def _field(config: ml_collections.ConfigDict, key: str) -> tuple[ml_collections.ConfigDict, str]:
+    """(the group holding dotted `key`, its last part); unknown keys and groups refused."""
     *parents, leaf = key.split(".")
     node, prefix = config, ""
     for part in parents:
@@ -159,8 +152,44 @@ def apply_override(config: ml_collections.ConfigDict, override: str) -> None:
             f"config key {key!r} is a group; override its fields instead: "
             + ", ".join(_join(key, k) for k in node[leaf])
         )
-    field_type = node.get_type(leaf)
-    node[leaf] = parse_value(key, raw, field_type, node[leaf])
+    return node, leaf
+
+
+def apply_override(config: ml_collections.ConfigDict, override: str) -> None:
+    """Applies one `"a.b=value"` override in place (see `load_config` for the value syntax).
+
+    Raises:
+        ConfigError: as described in `load_config`.
+    """
+    key, sep, raw = override.partition("=")
+    if not sep or not key:
+        raise errors.ConfigError(f"config override {override!r} is not of the form 'a.b=value'")
+    node, leaf = _field(config, key)
+    node[leaf] = parse_value(key, raw, node.get_type(leaf), node[leaf])
+
+
+def apply_updates(config: ml_collections.ConfigDict, updates: Mapping[str, Any]) -> None:
+    """Sets dotted keys to Python values in place (`ConfigDict.update_from_flattened_dict`),
+    after checking every key as `load_config` does; an int is taken for a float field and a
+    list for a tuple field.
+
+    Raises:
+        ConfigError: an unknown key (with the closest valid ones), a group, or a value of
+            another type than the field's.
+    """
+    converted = {}
+    for key, value in updates.items():
+        node, leaf = _field(config, key)
+        field_type = node.get_type(leaf)
+        if field_type is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        elif field_type is tuple and isinstance(value, list):
+            value = tuple(value)
+        converted[key] = value
+    try:
+        config.update_from_flattened_dict(converted)
+    except TypeError as err:
+        raise errors.ConfigError(" ".join(str(err).split())) from None
 
 
 def parse_value(key: str, raw: str, field_type: type, current: Any = None) -> Any:

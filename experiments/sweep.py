@@ -174,8 +174,9 @@ def expand(
     directory = pathlib.Path(root) / sweep_name
     runs = []
     for name, overrides in zip(run_names(sweep), sweep, strict=True):
+        config = config_utils.load_config(spec, common_overrides)
+        config_utils.apply_updates(config, overrides)  # the values themselves, not their text
         own = [f"{key}={format_value(value)}" for key, value in overrides.items()]
-        config = config_utils.load_config(spec, [*common_overrides, *own])
         workdir = directory / name
         command = build_command(spec, workdir, [*common_overrides, *own])
         runs.append(Run(name, workdir, dict(overrides), command, config))

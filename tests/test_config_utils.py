@@ -221,3 +221,19 @@ def test_a_preset_that_sets_a_misspelt_key_is_refused_with_the_close_match():
     ]:
         with pytest.raises(errors.ConfigError, match=re.escape(hint)):
             common.apply_preset(base.get_config(), {"typo": {key: 3}}, "typo")
+
+
+def test_apply_updates_sets_python_values_and_checks_keys_and_types(tmp_path):
+    config = config_utils.load_config("configs/base.py:tiny")
+    config_utils.apply_updates(
+        config, {"optim.learning_rate": 1, "train.num_train_steps": 7, "model.dropout_rate": 0.25}
+    )
+    assert config.optim.learning_rate == 1.0 and isinstance(config.optim.learning_rate, float)
+    assert (config.train.num_train_steps, config.model.dropout_rate) == (7, 0.25)
+    with pytest.raises(errors.ConfigError, match=r"did you mean 'optim\.learning_rate'"):
+        config_utils.apply_updates(config, {"optim.learnng_rate": 0.1})
+    with pytest.raises(errors.ConfigError, match="is a group"):
+        config_utils.apply_updates(config, {"optim": 0.1})
+    with pytest.raises(errors.ConfigError) as raised:
+        config_utils.apply_updates(config, {"train.num_train_steps": "many"})
+    assert "num_train_steps" in str(raised.value) and "\n" not in str(raised.value)
