@@ -681,8 +681,9 @@ MUTATIONS = [
     M(
         "lock-flock-check-removed",
         "tfjax/runs/lock.py",
-        "            if flocked is False:\n                raise self._busy(previous)",
-        "            if False:\n                raise self._busy(previous)",
+        "        except filelock.Timeout:\n"
+        "            raise self._busy(self._holder_soon()) from None",
+        "        except filelock.Timeout:\n            os_lock = None",
         "tests/test_lock.py",
         "-k",
         "second_lock_is_refused or flock_held_before",
@@ -697,7 +698,7 @@ MUTATIONS = [
     M(
         "lock-heartbeat-not-touching",
         "tfjax/runs/lock.py",
-        "                os.utime(self._fd)",
+        "                os.utime(self.path)",
         "                pass",
         "tests/test_lock.py::test_the_holder_touches_its_record",
     ),
@@ -719,7 +720,46 @@ MUTATIONS = [
         "-k",
         "entry_point_logs_plain or prints_no_absl_prefix",
     ),
+    M(
+        "lock-contest-both-win",
+        "tfjax/runs/lock.py",
+        "        except filelock.Timeout:\n"
+        "            raise self._busy(self._holder_soon()) from None",
+        "        except filelock.Timeout:\n            os_lock = None",
+        "tests/test_lock.py::test_two_processes_race_for_one_workdir_and_exactly_one_wins",
+    ),
+    # Ecosystem libraries: optax's Muon, JAX's distributed variables, viz's ax=
+    M(
+        "muon-layer-axis-as-fan-in",
+        "tfjax/training/muon.py",
+        "    reduction = tuple(a + extra for a in fan_in)",
+        "    reduction = tuple(fan_in)",
+        "tests/test_muon.py",
+        "-k",
+        "dimensions_names or orthogonalised_over",
+    ),
+    M(
+        "distributed-jax-variables-ignored",
+        "tfjax/parallel/distributed.py",
+        "        names = JAX_ENV_VARS",
+        "        names = ENV_VARS",
+        "tests/test_distributed.py::test_jax_own_variables_describe_a_job_and_tfjax_ones_win",
+    ),
+    M(
+        "viz-ax-ignored",
+        "tfjax/viz/canvas.py",
+        "    if ax is not None:\n        _check_axes([ax], 1)",
+        "    if False:\n        _check_axes([ax], 1)",
+        "tests/test_viz.py::test_pictures_draw_into_the_callers_axes_of_one_figure",
+    ),
     # Sweeps
+    M(
+        "sweep-updates-type-error-not-one-line",
+        "experiments/config_utils.py",
+        '        raise errors.ConfigError(" ".join(str(err).split())) from None',
+        "        raise",
+        "tests/test_config_utils.py::test_apply_updates_sets_python_values_and_checks_keys_and_types",
+    ),
     M(
         "seed-summary-pstdev",
         "experiments/sweep.py",
