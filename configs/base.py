@@ -35,7 +35,7 @@ PRESETS = {
         "model.num_heads": 4,
         "model.mlp_dim": 256,
         # A short run ends converged with cosine decay to zero: with the paper's rsqrt tail
-        # SCAN exact match was 88% at 2,000 steps, with cosine 99.9% (README, Results).
+        # SCAN exact match was 88% at 2,000 steps, with cosine 99.9% (docs/results.md).
         "optim.schedule": "cosine",
         "optim.learning_rate": 4e-3,
         "optim.warmup_steps": 200,

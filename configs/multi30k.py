@@ -20,7 +20,7 @@ Presets (`--config=configs/multi30k.py:NAME`):
         length penalty chosen on val (alpha 1.4; greedy 37.5). An earlier run on another host:
         38.6 with beam 5 at alpha 0.6.
   hour  `cpu` with the paper's schedule (warmup 300) instead of the cosine and 3,400 steps, to
-        fit the hour on the 2-core CPU (issue 21's headline; the README gives the measured run):
+        fit the hour on the 2-core CPU (docs/results.md gives the measured run):
           python -m experiments.train --config=configs/multi30k.py:hour
         Measured on the quiet 2-core CPU: 56 min 27 s for the training command; test2016
         sacreBLEU 39.0, chrF 63.5 with beam 5, alpha 1.0 and the last 5 checkpoints averaged
@@ -41,7 +41,7 @@ Presets (`--config=configs/multi30k.py:NAME`):
         with the last 5 checkpoints averaged at alpha 0.6 / 1.0 / 1.4, the last 10 and the
         last alone at alpha 1.0: the last 5 at alpha 1.4 (val 41.49); test2016 sacreBLEU
         40.4, chrF 64.7 (greedy 39.9). On val it is 0.27 below `hour_long` (41.76): see the
-        README for what that means for the choice between the two.
+        docs/results.md for what that means for the choice between the two.
   small the ablations' model (issue 21): post-LN, 2+2 layers, d_model 64, 4 heads, d_ff 256,
         4,000 joint pieces, cosine schedule, 1,000 steps of 32 packed rows, greedy val BLEU at
         the end; about a sixth of `cpu`'s FLOPs per token, so that every cell of a sweep has 3
@@ -55,7 +55,7 @@ Presets (`--config=configs/multi30k.py:NAME`):
         paper's peak rate 8.8e-3 from step 0, no warmup), `value_rank` (32, 16, 8, 4,
         0 = full: last, as it is `score`'s scaled_dot cell again), `base` (sinusoid base 10
         ... 100,000), `combine` (positions added to the 64-wide embedding vs 48 + 16
-        concatenated). All run (tables in the README), except `value_rank`'s full cell (the
+        concatenated). All run (tables in docs/results.md), except `value_rank`'s full cell (the
         `score` sweep's scaled_dot cell stands for it).
   tiny  seconds, for the tests (needs only a small multi30k/ folder with a SHA256SUMS file).
 """

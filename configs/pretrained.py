@@ -5,7 +5,7 @@ checkpoint's architecture, and the workdir's `config.json` then holds the whole 
 presets give the rest: the data, a fine-tuning optimizer (AdamW, short warmup, constant rate)
 and the loop. The default preset of each model kind reads an embedded task, so a converted
 workdir restores (and `experiments.generate` / `translate` / `evaluate` run) without any
-corpus; the named presets are the README's fine-tuning recipes:
+corpus; the named presets are the fine-tuning recipes of docs/pretrained.md:
   python -m experiments.convert --hf_dir=checkpoints/gpt2 --workdir=runs/gpt2 \\
       --config=configs/pretrained.py:gpt2_shakespeare
   python -m experiments.train --config=runs/gpt2/config.json --workdir=runs/gpt2

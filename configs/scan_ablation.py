@@ -1,4 +1,4 @@
-"""Small SCAN encoder-decoders for the ablations of README's Results (a few minutes a run).
+"""Small SCAN encoder-decoders for the ablations of docs/results.md (a few minutes a run).
 
 SCAN (Lake & Baroni 2018) is generated in-process: no download. The default split is `length`
 (train on action sequences of at most 22 actions, test on the 3,920 commands whose action

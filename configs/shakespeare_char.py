@@ -32,7 +32,7 @@ Presets (`--config=configs/shakespeare_char.py:NAME`):
         training command; val loss 1.814, 1.614, 1.553, 1.526 at steps 1,000-4,000 and 1.523
         at the end. Without dropout and for 5,500 steps (`--config.model.dropout_rate=0
         --config.train.num_train_steps=5500`) the same model reached 1.524 at step 3,000 (33
-        minutes), then overfitted (1.575 at 4,000). See the README's results.
+        minutes), then overfitted (1.575 at 4,000). See docs/results.md.
   hour_muon  the `hour` model with Muon (optim.optimizer="muon", Muon at 0.02 for the hidden
         kernels, AdamW at 2e-3 for the rest) for 6,500 steps (~27M characters): in 600-step
         probes on the CPU Muon reached val 1.853 against Adam's 2.056, its steps ~15% slower
@@ -45,7 +45,7 @@ Presets (`--config=configs/shakespeare_char.py:NAME`):
         quiet CPU (jnp.dot ceiling 414-483 GFLOP/s), val loss 1.705, 1.597, 1.545, 1.506,
         1.488, 1.479 at steps 1,000-6,000 and 1.478 at the end. 7,400 steps (52 minutes)
         ended at 1.479 (with stride 16: 1.492), and width 256 was slower per unit of val
-        loss: see the README.
+        loss: see docs/results.md.
   hour_rope_swiglu  `hour_muon` with rotary positions (`model.positional="rotary"`, no
         learned position table) and a SwiGLU feed-forward (`model.activation="swiglu"`,
         `model.mlp_dim=512`: three 192 x 512 kernels, GELU's two 192 x 768 in parameters):
@@ -71,7 +71,7 @@ Presets (`--config=configs/shakespeare_char.py:NAME`):
         the matrices only, gradients clipped at norm 1, warmup 100 and cosine decay from 1e-3
         to 1e-4, bfloat16 compute); nanoGPT's best val loss is 1.4697. An earlier
         preset lacked the attention dropout, the decay, the clipping and the floor, and
-        overfitted on an H100 (val 1.652, training loss 0.96; see the README). With the whole
+        overfitted on an H100 (val 1.652, training loss 0.96; see docs/results.md). With the whole
         recipe, on an H200: 4 min 22 s, best val 1.4925 at step 2,750, 1.559 at the end,
         with windows every 16 characters; the preset now has a window at every character
         (`data.lm_stride=1`, as nanoGPT's random offsets), which lowered the CPU `hour_muon`

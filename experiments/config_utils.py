@@ -1,7 +1,7 @@
 """ml_collections config handling shared by the entry points (train, evaluate, sweep).
 
 A config is named by a spec, `path/to/file.py[:arg]`: the file is loaded as a module and its
-`get_config(arg)` called (STYLE.md §7); or by a workdir's resolved `config.json` (to fine-tune a
+`get_config(arg)` called; or by a workdir's resolved `config.json` (to fine-tune a
 converted checkpoint with its model group, say). Command-line overrides `--config.a.b=value`
 are pulled out of argv by `split_config_overrides` before absl parses flags, then applied by
 `load_config`, which parses each value to the type of the field it replaces and rejects unknown

@@ -9,7 +9,7 @@ port on 127.0.0.1 from `portpicker`: nothing listens beyond loopback), `TFJAX_NU
 (`tfjax.parallel.distributed`). `--devices_per_process=N` gives each process N simulated CPU
 devices (`--xla_force_host_platform_device_count`); CPU collectives between the processes go
 through gloo. Each output line comes back prefixed with `[i] `, stdout to stdout, stderr to
-stderr. On a cluster the same command runs without this launcher (see the README, "Multi-host").
+stderr. On a cluster the same command runs without this launcher (see docs/scale.md).
 
 When a process fails, the others get `--grace_seconds` to end on their own (JAX ends them when
 it notices a peer is gone), then are killed; the launcher names the process that failed first

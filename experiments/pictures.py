@@ -1,4 +1,4 @@
-"""The README's pictures: `python -m experiments.pictures [--out=experiments/figures]`.
+"""The docs' pictures: `python -m experiments.pictures [--out=experiments/figures]`.
 
 Writes two PNGs drawn by `tfjax.viz` from the library's own arrays and prints their paths:
   * `positional_encoding.png`: `positional.sinusoidal_table(128, 64)` (base 10000, the paper's

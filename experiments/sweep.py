@@ -16,7 +16,7 @@ failed run is recorded and the next one starts. After each run `ROOT/NAME/summar
 `summary.md` are rewritten with one row per run: its overrides, status, wall time, and the
 latest evaluation and train metrics from its `metrics.jsonl`. When runs differ in `seed`,
 `seeds.csv` and `seeds.md` merge those that differ only in it: each metric's mean ± sample
-standard deviation over the seeds (the tables of README's Results come from these). `--plot`
+standard deviation over the seeds (the seed tables of docs/results.md come from these). `--plot`
 then draws loss curves and final metrics against each swept value next to them
 (`experiments.plot`, which needs the `plot` extra; checked before the first run starts). The
 exit status is 1 when a run failed, 2 (with one line `error: ...`) when the sweep itself cannot

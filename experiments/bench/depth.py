@@ -167,7 +167,7 @@ def bench_depth(
 
 
 def markdown_table(result: dict) -> str:
-    """The README's table of a `bench_depth` result: one line per configuration."""
+    """docs/performance.md's table of a `bench_depth` result: one line per configuration."""
     lines = [
         "| layers | scan | remat | trace+lower s (CPU) | XLA compile s (CPU) | temp MiB "
         "| peak MiB | step s, median (min-max) |",

@@ -197,7 +197,7 @@ def alone_runs(batch: int, tune_malloc: bool, dtype: str, runs: int = ALONE_RUNS
     alternating and taking turns to go first: per side the peak RSS and the lower + compile
     seconds of every process and their medians, and `compile_ratio` (Flax's median / tfjax's:
     above 1 when tfjax compiles faster). Peak RSS falls into modes on both sides with the
-    allocator tuned (README, Speed), hence every process's figure."""
+    allocator tuned (docs/performance.md), hence every process's figure."""
     lines: dict[str, list[dict]] = {side: [] for side in rss.SIDES}
     for i in range(runs):
         for side in rss.SIDES if i % 2 == 0 else rss.SIDES[::-1]:

@@ -125,7 +125,7 @@ def make_train_step(
     if flatten_optimizer:
         optimizer = optax.flatten(optimizer)
     # Jitted, as the trainer and the Flax peer build theirs: eager `init` runs the forward op
-    # by op and left the process 0.23 GiB larger (README, Speed, Run E).
+    # by op and left the process 0.23 GiB larger (docs/performance.md, Run E).
     state = jax.jit(
         lambda key: steps.create_train_state(model, optimizer, key, data, "encoder_decoder")
     )(jax.random.key(0))
