@@ -7,6 +7,13 @@ are pulled out of argv by `split_config_overrides` before absl parses flags, the
 `load_config`, which parses each value to the type of the field it replaces and rejects unknown
 keys with the closest valid ones. The returned config is locked: code cannot add keys later.
 Every refusal is a `tfjax.errors.ConfigError` (a ValueError) with a one-line message.
+
+Why not `ml_collections.config_flags.DEFINE_config_file` (tried with ml_collections 1.1.0):
+`--config.train.num_train_steps=1e5` is refused ("invalid literal for int()"); a misspelt key
+ends in an AttributeError traceback instead of one line; the override flags are read from
+`sys.argv` (at import time when `--config` is absent), which `cli.main(argv=...)` and a second
+entry point in one process (DuplicateFlagError) cannot use; list- and None-typed fields have no
+parser. Sweeps apply their overrides as values (`apply_updates`), not as text.
 """
 
 import ast
