@@ -64,7 +64,8 @@ def base_config(
         "predict_eos": True,
         "log_every_steps": 100,
         "eval_every_steps": 1000,
-        "max_eval_examples": 0,  # examples per periodic eval (0 = all); the final eval uses all
+        "max_eval_examples": 0,  # examples per periodic eval (0 = all)
+        "final_eval_examples": 0,  # examples of the eval at the end of training (0 = all)
         "checkpoint_every_steps": 1000,
         "keep_checkpoints": 3,
         # A tfjax workdir (e.g. made by experiments.convert) or a Hugging Face checkpoint

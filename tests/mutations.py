@@ -830,6 +830,13 @@ MUTATIONS = [
         "    return True",
         "tests/test_host.py::test_cpu_unless_tpu_needs_libtpu_alone_and_no_tpu_device",
     ),
+    M(
+        "final-eval-examples-ignored",
+        "tfjax/runs/trainer.py",
+        "                max_examples=config.train.final_eval_examples,",
+        "                max_examples=0,",
+        "tests/test_trainer.py::test_the_final_eval_scores_final_eval_examples",
+    ),
 ]
 
 

@@ -18,7 +18,7 @@ from tiny_runs import REVERSE
 from experiments import config_utils
 from tfjax import errors
 from tfjax.data import pipeline
-from tfjax.runs import build, lock, trainer
+from tfjax.runs import build, evaluator, lock, trainer
 from tfjax.training import checkpointing, logger, optim
 
 
@@ -172,10 +172,26 @@ def test_a_checkpoint_from_before_a_new_option_resumes_while_the_option_is_off(
 def test_a_config_json_from_before_new_options_loads_with_them_at_their_defaults():
     tree = build.config_dict(_config("configs/base.py:tiny"))
     del tree["model"]["final_dropout"], tree["data"]["scan_split"]
+    del tree["train"]["final_eval_examples"]
     tree["model"]["num_layers"] = 3
     loaded = build.load_config_dict(tree)
     assert loaded.model.final_dropout is False and loaded.data.scan_split == "simple"
+    assert loaded.train.final_eval_examples == 0  # the whole split, as those runs had
     assert loaded.model.num_layers == 3  # what the file says stays
+
+
+def test_the_final_eval_scores_final_eval_examples(tmp_path, monkeypatch):
+    calls = []
+    real = evaluator.evaluate
+
+    def counted(run, params, *, max_examples=0, **kwargs):
+        calls.append(max_examples)
+        return real(run, params, max_examples=max_examples, **kwargs)
+
+    monkeypatch.setattr(evaluator, "evaluate", counted)
+    overrides = ("train.eval_every_steps=0", "train.final_eval_examples=3")
+    trainer.train_and_evaluate(_config("configs/base.py:tiny", *REVERSE, *overrides), tmp_path)
+    assert calls == [3]
 
 
 def test_a_locked_workdir_is_refused_in_one_line_before_anything_is_written(tmp_path):

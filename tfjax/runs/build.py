@@ -144,7 +144,12 @@ def load_config_dict(tree: dict) -> ml_collections.ConfigDict:
 _PARALLEL_SINCE_TENSOR = {"tensor": 1, "rules": layout.DEFAULT_RULES}
 # `train` fields newer than some workdirs' config.json (init_from, masked-LM training, -EOS
 # training), with the values those runs had.
-_TRAIN_SINCE = {"init_from": "", "mlm_rate": 0.15, "predict_eos": True}
+_TRAIN_SINCE = {
+    "init_from": "",
+    "mlm_rate": 0.15,
+    "predict_eos": True,
+    "final_eval_examples": 0,
+}
 
 
 # Fields of the `train` group that must be >= 1 (0 would divide by zero in the loop) or >= 0.
@@ -155,7 +160,12 @@ _TRAIN_POSITIVE = (
     "checkpoint_every_steps",
     "keep_checkpoints",
 )
-_TRAIN_NON_NEGATIVE = ("num_train_steps", "eval_every_steps", "max_eval_examples")
+_TRAIN_NON_NEGATIVE = (
+    "num_train_steps",
+    "eval_every_steps",
+    "max_eval_examples",
+    "final_eval_examples",
+)
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:

@@ -357,7 +357,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
                 return {}
             if checkpointer.latest_step() != step:
                 _save(run, checkpointer, state, step, rng, iterator, pending)
-            result = evaluator.evaluate(run, run.strategy.host_params(state))
+            result = evaluator.evaluate(
+                run,
+                run.strategy.host_params(state),
+                max_examples=config.train.final_eval_examples,
+            )
     writer.write(step, "final_eval", result)
     writer.close()
     return result
