@@ -115,7 +115,8 @@ def run_seed(row_name: str, seed: int, root: pathlib.Path, quick: bool) -> dict:
     load = [round(os.getloadavg()[0], 2)]  # other work beside the run slows it: say how much
     platform_, before = dot_ceiling(0 if quick else 3)
     walls = []
-    for command in commands(row_name, seed, workdir, quick):
+    lines = commands(row_name, seed, workdir, quick)
+    for command in lines:
         print("+ " + " ".join(command), flush=True)
         start = time.monotonic()
         done = subprocess.run([sys.executable, *command[1:]], cwd=results.ROOT)
@@ -128,17 +129,17 @@ def run_seed(row_name: str, seed: int, root: pathlib.Path, quick: bool) -> dict:
     after = [] if quick else dot_ceiling()[1]
     evaluation = json.loads((workdir / "eval.json").read_text())
     metrics = {k: v for k, v in evaluation.items() if isinstance(v, int | float)}
-    environment_ = environment()
+    env = environment()
     load.append(round(os.getloadavg()[0], 2))
-    environment_["host"].update(accelerator=platform_, dot_gflops=before + after, loadavg=load)
+    env["host"].update(accelerator=platform_, dot_gflops=before + after, loadavg=load)
     record = {
         "row": row_name,
         "provenance": "quick" if quick else "measured",
         "recipe": results.ROWS[row_name].config,
         "seed": seed,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "commands": [" ".join(c) for c in commands(row_name, seed, workdir, quick)],
-        **environment_,
+        "commands": [" ".join(c) for c in lines],
+        **env,
         "wall_s": {"train": walls[0], "evaluate": walls[1]},
         "evaluation": {
             k: v

@@ -47,7 +47,6 @@ class Row:
     scale: float = 1.0
     digits: int = 2
     target: str = ""
-    lower_is_better: bool = False
 
 
 ROWS = {
@@ -112,7 +111,6 @@ ROWS = {
         "loss",
         "val loss (nats/char)",
         digits=3,
-        lower_is_better=True,
     ),
     "shakespeare_hour_muon": Row(
         "configs/shakespeare_char.py:hour_muon",
@@ -120,7 +118,6 @@ ROWS = {
         "loss",
         "val loss (nats/char)",
         digits=3,
-        lower_is_better=True,
     ),
     "shakespeare_hour_rope_swiglu": Row(
         "configs/shakespeare_char.py:hour_rope_swiglu",
@@ -128,7 +125,6 @@ ROWS = {
         "loss",
         "val loss (nats/char)",
         digits=4,
-        lower_is_better=True,
     ),
     "shakespeare_hour_ctx256": Row(
         "configs/shakespeare_char.py:hour_ctx256",
@@ -137,7 +133,6 @@ ROWS = {
         "val loss (nats/char)",
         digits=4,
         target="≤ 1.47 in ≤ 60 min",
-        lower_is_better=True,
     ),
 }
 
