@@ -837,6 +837,14 @@ MUTATIONS = [
         "                max_examples=0,",
         "tests/test_trainer.py::test_the_final_eval_scores_final_eval_examples",
     ),
+    M(
+        "orbax-full-disk-records-shown",
+        "tfjax/training/checkpointing/manager.py",
+        'from_a_writer = "/orbax/" in source or "/asyncio/" in source',
+        "from_a_writer = False",
+        "tests/test_disk_faults.py::"
+        "test_orbax_and_asyncio_full_disk_records_are_dropped_and_others_kept",
+    ),
 ]
 
 

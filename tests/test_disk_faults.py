@@ -11,6 +11,7 @@ one record per step.
 import contextlib
 import errno
 import json
+import logging
 import os
 import pathlib
 import subprocess
@@ -92,6 +93,29 @@ def test_storage_problem_reads_errno_and_the_texts_of_orbax():
     assert storage.storage_problem(ValueError("shapes differ")) is None
     assert storage.storage_problem(OSError(errno.ENOENT, "missing")) is None
     assert storage.storage_problem(KeyError("No space left on device")) is None
+
+
+def test_orbax_and_asyncio_full_disk_records_are_dropped_and_others_kept():
+    """The records orbax's threads log before `Checkpointer` raises its one line; the first is
+    what orbax printed on a full tmpfs: no directory in it, a traceback attached."""
+    from tfjax.training.checkpointing import manager
+
+    quiet = manager._QuietFullDisk()
+    quiet.paths.add("/runs/a/")
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    def record(pathname: str, message: str, error=None, level=logging.ERROR) -> bool:
+        exc_info = (type(error), error, None) if error else None
+        made = logging.LogRecord("absl", level, pathname, 1, message, None, exc_info)
+        return quiet.filter(made)
+
+    orbax_file = "/py/site-packages/orbax/checkpoint/_src/futures/future.py"
+    assert not record(orbax_file, "_SignalingThread.run() raised an exception: ", full)
+    assert not record("/py/lib/asyncio/base_events.py", "Task exception was never retrieved", full)
+    assert not record("/py/elsewhere.py", "could not write /runs/a/3: No space left on device")
+    assert record("/py/elsewhere.py", "could not write /other/3: No space left on device")
+    assert record(orbax_file, "shapes differ", ValueError("shapes differ"))
+    assert record(orbax_file, "No space left on device", level=logging.WARNING)
 
 
 def test_mount_point_and_sizes(tmp_path):

@@ -27,10 +27,12 @@ from tfjax.training.checkpointing import layout, restoring
 
 
 class _QuietFullDisk(logging.Filter):
-    """Drops the tracebacks orbax logs (one per background thread) and asyncio logs (writes
-    never awaited) for a save into a directory of `paths` that failed on a full or read-only
-    disk: `Checkpointer` raises the one-line `StorageError` that says the same. Every other
-    record passes."""
+    """Drops the error records (with their tracebacks) that orbax's background threads and
+    asyncio log when a checkpoint write meets a full or read-only disk: `Checkpointer` raises
+    the one-line `StorageError` that says the same. A record is dropped when it names a full
+    or read-only disk and either comes from orbax or asyncio (their `OSError` often carries no
+    file name: `[Errno 28] No space left on device`) or names a directory of `paths`. Every
+    other record passes."""
 
     def __init__(self):
         super().__init__()
@@ -40,8 +42,11 @@ class _QuietFullDisk(logging.Filter):
         if record.levelno < logging.ERROR:
             return True
         text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
-        problem = storage.storage_problem(RuntimeError(text))
-        return problem is None or not any(path in text for path in self.paths)
+        if storage.storage_problem(RuntimeError(text)) is None:
+            return True
+        source = record.pathname.replace(os.sep, "/")
+        from_a_writer = "/orbax/" in source or "/asyncio/" in source
+        return not (from_a_writer or any(path in text for path in self.paths))
 
 
 _quiet_full_disk = _QuietFullDisk()
