@@ -22,7 +22,7 @@ flags.DEFINE_bool(
     "tune_malloc",
     None,
     "Keep XLA's per-step buffers resident instead of page-faulting them in every step "
-    "(tfjax.training.host.tune_glibc_malloc; 15-50% faster CPU train steps measured). "
+    "(tfjax.training.host.tune_glibc_malloc; faster CPU train steps, see docs/performance.md). "
     "Default: on "
     "where JAX computes on the CPU alone and the C library is glibc "
     "(tfjax.training.host.should_tune_malloc); --notune_malloc keeps glibc's defaults.",

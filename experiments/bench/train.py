@@ -19,8 +19,8 @@ one train step of each side, one call at a time (tfjax's synchronised with
 in odd ones so that neither side always runs right after the other. tfjax's fields are computed
 from its steps in the pairs; `peer.ratio_per_pair` is tfjax tokens/s / torch tokens/s of each
 pair. Both use their default thread pools (torch's count is in `peer.threads`); on a busy host
-run with `OMP_WAIT_POLICY=PASSIVE`, or torch's spinning OpenMP workers can slow its steps 30x
-(measured on 2 cores shared with a training job: 5.2 s instead of 0.16 s at batch 2). The torch
+run with `OMP_WAIT_POLICY=PASSIVE`, or torch's spinning OpenMP workers can slow its steps
+tens of times (docs/performance.md). The torch
 model has a final LayerNorm on each stack that tfjax's post-LN model lacks (`peer.notes`), so
 its `num_params` is 4 * d_model larger.
 """

@@ -125,7 +125,7 @@ def make_train_step(
     if flatten_optimizer:
         optimizer = optax.flatten(optimizer)
     # Jitted, as the trainer and the Flax peer build theirs: eager `init` runs the forward op
-    # by op and left the process 0.23 GiB larger (docs/performance.md, Run E).
+    # by op and leaves the process larger (measurements: docs/performance.md).
     state = jax.jit(
         lambda key: steps.create_train_state(model, optimizer, key, data, "encoder_decoder")
     )(jax.random.key(0))

@@ -4,8 +4,8 @@ JAX's platform where libtpu is installed without TPUs (`cpu_unless_tpu`).
 XLA:CPU asks for one temporary buffer per execution of a compiled program (about 640 MB for the
 benchmark train step, `experiments.bench`), frees it when the step ends, and does so from its
 worker threads. glibc serves an allocation that large from a fresh `mmap` and returns it with
-`munmap` on free, so every step touches ~160,000 new pages: measured here, a fifth of each train
-step went to page faults (0.44 s of system time in a 1.16 s step).
+`munmap` on free, so every step touches ~160,000 new pages (the cost, measured:
+docs/performance.md).
 
 `tune_glibc_malloc()` keeps that memory in the process instead (glibc's `mallopt`): one arena for
 all threads (worker-thread arenas always `mmap` large blocks), no `mmap` for large blocks, no
@@ -13,8 +13,7 @@ trimming of the heap, and a generous top pad. It changes the whole process: free
 resident (peak RSS, not current use, becomes the footprint) and every thread shares one arena.
 So the library never calls it on import; the command-line tools (`experiments.train`,
 `experiments.bench`) call it by default where JAX will compute on the CPU alone
-(`should_tune_malloc`), with `--tune_malloc` / `--notune_malloc` to decide explicitly. On a
-2-core AMD EPYC host the benchmark train step went from 3,830 to 5,211-5,844 tokens/s with it.
+(`should_tune_malloc`), with `--tune_malloc` / `--notune_malloc` to decide explicitly.
 
 It must run before the first JAX computation: threads that already allocated keep their own
 arenas and the tuning no longer reaches them. The same settings as environment variables, for a

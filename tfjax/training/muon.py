@@ -12,10 +12,8 @@ optax computes Nesterov momentum with Adam's bias correction at step t,
 with Jordan's quintic coefficients (3.4445, -4.7750, 2.0315), five steps, U normalised to
 Frobenius norm 1 (+ `NS_EPS`). The bias correction is the one difference from the original
 (which uses M and G unscaled): it changes the direction of the first few updates only, since
-the Newton-Schulz input is normalised and both factors tend to 1. On the Shakespeare `cpu`
-model with Muon for 200 steps the final eval loss was 2.2072 / 2.2317 (seeds 0 / 1) with this,
-2.2073 / 2.2319 with the original; optax's state (count, mu, ns_coeffs) differs from the former
-hand-written one's, so Muon checkpoints written before do not resume.
+the Newton-Schulz input is normalised and both factors tend to 1 (the comparison of the two:
+docs/training.md, "Muon").
 
 Only the hidden layers' matrices take Muon (`muon_dimensions`); embeddings, output and
 classification layers, biases and norm scales keep Adam (`tfjax.training.optim`,
