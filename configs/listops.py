@@ -1,37 +1,34 @@
 """ListOps as in the Long Range Arena: an encoder-only classifier over generated expressions.
 
-Task: the value (10 classes) of a nested expression such as "[MAX 2 9 [MIN 4 7 ] 0 ]", generated
-in-process from the seed (`tfjax.data.listops`; train and test from different seeds, no
-download). One token per operator, "]" and digit, plus the leading BOS whose final state the
-[CLS]-style head classifies, so `data.max_source_len` = `data.listops_max_len` + 1. Labels are
-skewed: the majority class (0 or 9) is about 17% of the examples at the LRA settings, so that,
-not 10%, is the floor to beat.
+  python -m experiments.train --config=configs/listops.py:cpu
+  python -m experiments.reproduce --row=listops_cpu
+  python -m experiments.train --config=configs/listops.py:base --workdir=runs/listops
+
+Expected: `cpu`, test accuracy 39.0% (1,000 examples; the majority class is 17.2% of them) and
+13 min 49 s for the training command on a 2-core x86 CPU (docs/results.md; shorter expressions
+than LRA's, so not comparable with its 36.37%). `base`: not measured (it needs an accelerator);
+LRA reports its vanilla Transformer at 36.37% (Tay et al. 2021, Table 1).
+
+Task: the value (10 classes) of a nested expression such as "[MAX 2 9 [MIN 4 7 ] 0 ]",
+generated from the seed (`tfjax.data.listops`; train and test from different seeds). One token
+per operator, "]" and digit, plus the leading BOS whose final state the [CLS]-style head
+classifies, so `data.max_source_len` = `data.listops_max_len` + 1. The majority class (0 or 9)
+is about 17% of the examples at LRA's settings: that, not 10%, is the floor to beat.
 
 Model and optimizer follow LRA's released ListOps Transformer (google-research/long-range-arena,
-`lra_benchmarks/listops/configs/base_listops_config.py` and `models/transformer`): pre-LN with a
-final LayerNorm, sinusoidal positions, dropout and attention dropout 0.1, Adam(0.9, 0.98, 1e-9)
-with decoupled weight decay 0.1, linear warmup over 1,000 steps then inverse square-root decay
-(LRA's "constant * linear_warmup * rsqrt_decay" with base 0.05 peaks at 0.05 / sqrt(1000)),
-batch 32, 5,000 steps, no label smoothing. LRA's classifier head (an MLP on the [CLS] state) is
-replaced by this library's linear `classify` head.
+`lra_benchmarks/listops/configs/base_listops_config.py`): pre-LN with a final LayerNorm,
+sinusoidal positions, dropout and attention dropout 0.1, Adam(0.9, 0.98, 1e-9) with decoupled
+weight decay 0.1, 1,000 linear warmup steps then inverse square-root decay (peak 0.05 /
+sqrt(1000)), batch 32, 5,000 steps, no label smoothing; LRA's MLP head on [CLS] is replaced by
+this library's linear `classify` head.
 
 Presets (`--config=configs/listops.py:NAME`):
   base  LRA's settings: 500-2,000 tokens, depth 10, up to 10 arguments, 96,000 train and 2,000
-        test examples; 6 layers, width 512, 8 heads, MLP 2,048 (LRA's released config; the paper
-        reports its vanilla Transformer at 36.37% test accuracy, Tay et al. 2021, Table 1).
-          python -m experiments.train --config=configs/listops.py:base --workdir=runs/listops
-        Hardware: an accelerator; not run on this project's CPU machine. Expected: test
-        accuracy near LRA's 36.37%. Generating the 98,000 examples takes one to two minutes.
-  cpu   shorter expressions (50-200 tokens), 20,000 train / 1,000 test examples, a 2-layer
-        width-128 model, cosine schedule; aimed at a few minutes on a 2-core CPU:
-          python -m experiments.train --config=configs/listops.py:cpu
-        Measured on a 2-core x86 CPU: 13 min 49 s for the whole command; test accuracy 39.0%
-        (1,000 examples; the majority class, 9, is 17.2% of them). Shorter expressions than
-        LRA's, so not directly comparable with its 36.37%.
+        test examples (one to two minutes to generate); 6 layers, width 512, 8 heads, MLP 2,048.
+  cpu   50-200 tokens, 20,000 train / 1,000 test examples, 2 layers, width 128, cosine schedule.
   tiny  seconds, for the tests.
-
-Sweeps (`python -m experiments.sweep --config=configs/listops.py:cpu --sweep=NAME`):
-  layers  model.num_layers in (2, 4, 6)
+Sweeps (`python -m experiments.sweep --config=configs/listops.py:cpu --sweep=NAME`): `layers`
+(2, 4, 6).
 """
 
 from configs import common

@@ -1,63 +1,50 @@
-"""English→German translation on Multi30k (Elliott et al. 2016), joint SentencePiece vocabulary.
+r"""English→German translation on Multi30k (Elliott et al. 2016), joint SentencePiece vocabulary.
+
+  python -m experiments.train --config=configs/multi30k.py:hour_rope_swiglu
+  python -m experiments.evaluate --workdir=runs/multi30k_hour_rope_swiglu \
+      --split=test2016 --beam_size=5 --alpha=1.4 --average_last=5
+  python -m experiments.reproduce --row=multi30k_hour_rope_swiglu   # both, and the comparison
+
+Expected on a 2-core x86 CPU, test2016 sacreBLEU (13a, cased, detokenized) and the time of the
+training command (data, SentencePiece training, compilation and evaluations included; the
+decoding chosen on val; docs/results.md):
+  cpu               37.7 (beam 5, alpha 1.4), 40 min 16 s
+  hour              39.0 (beam 5, alpha 1.0, last 5 averaged), 56 min 27 s
+  hour_long         39.1 (beam 5, alpha 1.0, last 5 averaged), 56 min 2 s
+  hour_rope_swiglu  40.4 (beam 5, alpha 1.4, last 5 averaged), 50 min 40 s
+  small             greedy val BLEU per sweep cell: docs/results.md's ablation tables;
+                    14 min 20 s for a cell's 3 seeds as one vectorised program
+  base              not measured (for a GPU)
+Wall times depend on the host's day (its `jnp.dot` ceiling varied 2-3x): docs/results.md gives
+each run's ceiling.
 
 Data: `data.name="multi30k"`, read from `data.dir` (default $TFJAX_DATA_DIR, else
 ../shared/data) and checked against its SHA256SUMS; train 29,000 pairs, `val` (1,014) evaluated
-during training, `test2016` (1,000) reported once. Subwords: SentencePiece BPE, 8,000 pieces
-trained on the English and German training text at the first run (saved as
-`<workdir>/tokenizer.model`); embeddings shared by encoder, decoder and output layer.
-Reverse the direction with `--config.data.source_lang=de --config.data.target_lang=en`.
+during training, `test2016` (1,000) reported once. SentencePiece BPE, 8,000 pieces trained on
+the English and German training text at the first run (saved as `<workdir>/tokenizer.model`);
+embeddings shared by encoder, decoder and output layer. Reverse the direction with
+`--config.data.source_lang=de --config.data.target_lang=en`.
 
 Presets (`--config=configs/multi30k.py:NAME`):
-  base  the paper's base model (6+6 layers, d_model 512) with the paper's schedule: for a GPU.
-  cpu   a 4+4-layer d_model 128 model (the "tiny" Transformer size of the Multi30k literature)
-        for a 2-core CPU, cosine schedule, 2,500 steps of ~3,800 target tokens (~20 epochs):
-          python -m experiments.train --config=configs/multi30k.py:cpu
-          python -m experiments.evaluate --workdir=runs/multi30k_cpu --split=test2016 \
-              --beam_size=5
-        Measured on a quiet 2-core x86 CPU (jnp.dot ceiling ~205 GFLOP/s): 40 min 16 s for the
-        training command (data, SentencePiece training, compilation and five greedy-BLEU
-        evaluations on val included); test2016 sacreBLEU 37.7, chrF 63.0 with beam 5 and the
-        length penalty chosen on val (alpha 1.4; greedy 37.5). An earlier run on another host:
-        38.6 with beam 5 at alpha 0.6.
-  hour  `cpu` with the paper's schedule (warmup 300) instead of the cosine and 3,400 steps, to
-        fit the hour on the 2-core CPU (docs/results.md gives the measured run):
-          python -m experiments.train --config=configs/multi30k.py:hour
-        Measured on the quiet 2-core CPU: 56 min 27 s for the training command; test2016
-        sacreBLEU 39.0, chrF 63.5 with beam 5, alpha 1.0 and the last 5 checkpoints averaged
-        (both chosen on val; greedy 37.6).
-  hour_long  `hour` continued to 6,000 steps (the paper's schedule does not depend on the total,
-        so this is the same run, longer), keeping the last 20 checkpoints; measured on the quiet
-        2-core CPU on a day its jnp.dot ceiling was 421-469 GFLOP/s (2.3x that of the `hour`
-        run's day), as 3,400 steps then resumed to 6,000: 30 min 31 s + 25 min 31 s = 56 min 2 s:
-          python -m experiments.train --config=configs/multi30k.py:hour_long
-        test2016 sacreBLEU 39.1, chrF 63.8 with beam 5, alpha 1.0 and the last 5 checkpoints
-        averaged (chosen on val: 41.8; averaging 10 or 20 gave less).
-  hour_rope_swiglu  `hour_long` with rotary positions (`model.positional="rotary"`) and a
-        SwiGLU feed-forward of the same parameter count (`model.activation="swiglu"`,
-        `model.mlp_dim=344`), 5,000 steps (greedy evaluations every 1,250):
-          python -m experiments.train --config=configs/multi30k.py:hour_rope_swiglu
-        Measured on the quiet 2-core CPU (jnp.dot ceiling 438-491 GFLOP/s before, 450-478
-        after): 50 min 40 s for the training command. Decoding chosen on val among beam 5
-        with the last 5 checkpoints averaged at alpha 0.6 / 1.0 / 1.4, the last 10 and the
-        last alone at alpha 1.0: the last 5 at alpha 1.4 (val 41.49); test2016 sacreBLEU
-        40.4, chrF 64.7 (greedy 39.9). On val it is 0.27 below `hour_long` (41.76): see the
-        docs/results.md for what that means for the choice between the two.
-  small the ablations' model (issue 21): post-LN, 2+2 layers, d_model 64, 4 heads, d_ff 256,
-        4,000 joint pieces, cosine schedule, 1,000 steps of 32 packed rows, greedy val BLEU at
-        the end; about a sixth of `cpu`'s FLOPs per token, so that every cell of a sweep has 3
-        seeds: 14 min 20 s for a cell's 3 seeds as one vectorised program on the quiet 2-core
-        CPU (data, compilation and the final greedy BLEU on val included):
+  base  the paper's base model (6+6 layers, d_model 512) with the paper's schedule.
+  cpu   4+4 layers, d_model 128 (the "tiny" Transformer of the Multi30k literature), cosine
+        schedule, 2,500 steps of ~3,800 target tokens (~20 epochs).
+  hour  `cpu` with the paper's schedule (warmup 300) and 3,400 steps, sized for the hour.
+  hour_long  `hour` continued to 6,000 steps, keeping the last 20 checkpoints.
+  hour_rope_swiglu  `hour_long` with rotary positions and a SwiGLU feed-forward of the same
+        parameter count (`model.mlp_dim=344`), 5,000 steps.
+  small the ablations' model: post-LN, 2+2 layers, d_model 64, 4 heads, d_ff 256, 4,000 pieces,
+        cosine schedule, 1,000 steps of 32 packed rows, greedy val BLEU at the end (about a
+        sixth of `cpu`'s FLOPs per token, so that every sweep cell has 3 seeds):
           python -m experiments.sweep --config=configs/multi30k.py:small --sweep=score \
               --vectorize --workdir=runs/sweeps
-        Sweeps for it (seeds 0-2 each; the sweep's seeds.md gives mean ± std): `score`
-        (scaled_dot, dot, general, additive), `norm_warmup` (post-/pre-LN x the paper's
-        warmup schedule / a constant 1e-3 without warmup), `norm_peak` (post-/pre-LN at the
-        paper's peak rate 8.8e-3 from step 0, no warmup), `value_rank` (32, 16, 8, 4,
-        0 = full: last, as it is `score`'s scaled_dot cell again), `base` (sinusoid base 10
-        ... 100,000), `combine` (positions added to the 64-wide embedding vs 48 + 16
-        concatenated). All run (tables in docs/results.md), except `value_rank`'s full cell (the
-        `score` sweep's scaled_dot cell stands for it).
   tiny  seconds, for the tests (needs only a small multi30k/ folder with a SHA256SUMS file).
+
+Sweeps of `small` (seeds 0-2 each; the sweep's seeds.md gives mean ± std): `score`,
+`norm_warmup` (post-/pre-LN x the paper's warmup / a constant 1e-3), `norm_peak` (post-/pre-LN
+at the paper's peak 8.8e-3 from step 0), `value_rank` (32, 16, 8, 4, 0 = full), `base`
+(sinusoid base 10 ... 100,000), `combine` (positions added vs concatenated). Sweeps of `cpu`
+(one seed): `vocab`, `dropout`, `smoothing`.
 """
 
 from configs import common
@@ -121,7 +108,8 @@ PRESETS["hour"] = {
     "train.checkpoint_every_steps": 100,
 }
 
-# `hour`, longer: as many steps as fit the hour on a faster day of the same 2-core CPU.
+# `hour`, longer (the paper's schedule does not depend on the total, so the same run continued),
+# keeping 20 checkpoints for averaging.
 PRESETS["hour_long"] = {
     **PRESETS["hour"],
     "train.num_train_steps": 6000,

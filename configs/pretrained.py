@@ -1,36 +1,34 @@
-"""Runs that start from a pretrained Hugging Face checkpoint (`experiments.convert`).
+r"""Fine-tuning runs that start from a pretrained Hugging Face checkpoint (`experiments.convert`).
+
+  python -m experiments.convert --hf_dir=checkpoints/gpt2 --workdir=runs/gpt2 \
+      --config=configs/pretrained.py:gpt2_shakespeare
+  python -m experiments.train --config=runs/gpt2/config.json --workdir=runs/gpt2
+  python -m experiments.convert --hf_dir=checkpoints/opus-mt-en-de --workdir=runs/opus_en_de \
+      --config=configs/pretrained.py:marian_multi30k
+  python -m experiments.train --config=runs/opus_en_de/config.json \
+      --workdir=runs/opus_en_de_m30k --config.train.init_from=runs/opus_en_de
+  python -m experiments.convert --hf_dir=checkpoints/bert-base-uncased --workdir=runs/bert \
+      --head=mlm --config=configs/pretrained.py:bert_mlm_shakespeare
+  python -m experiments.train --config=runs/bert/config.json --workdir=runs/bert
+
+Expected metric and time: not measured (no real checkpoint can be downloaded on the project's
+machine; the tests convert and fine-tune tiny random checkpoints). docs/pretrained.md describes
+the recipes.
 
 The `model` group here is a placeholder: `experiments.convert` replaces it with the converted
 checkpoint's architecture, and the workdir's `config.json` then holds the whole run. These
 presets give the rest: the data, a fine-tuning optimizer (AdamW, short warmup, constant rate)
 and the loop. The default preset of each model kind reads an embedded task, so a converted
-workdir restores (and `experiments.generate` / `translate` / `evaluate` run) without any
-corpus; the named presets are the fine-tuning recipes of docs/pretrained.md:
-  python -m experiments.convert --hf_dir=checkpoints/gpt2 --workdir=runs/gpt2 \\
-      --config=configs/pretrained.py:gpt2_shakespeare
-  python -m experiments.train --config=runs/gpt2/config.json --workdir=runs/gpt2
-  python -m experiments.convert --hf_dir=checkpoints/opus-mt-en-de --workdir=runs/opus_en_de \\
-      --config=configs/pretrained.py:marian_multi30k
-  python -m experiments.train --config=runs/opus_en_de/config.json \\
-      --workdir=runs/opus_en_de_m30k --config.train.init_from=runs/opus_en_de
-Expected wall times are those of the model: GPT-2 small (124M) runs about 1 step/s at batch 8
-x 256 tokens on a 2-core CPU (not measured here: no real checkpoint can be downloaded on this
-machine; only tiny random checkpoints were run, in the tests).
-
+workdir restores (and `experiments.generate` / `translate` / `evaluate` run) without any corpus.
 BERT's masked-LM head (`--head=mlm`, also BertForPreTraining checkpoints) fine-tunes on plain
-text lines with BERT's masking (`tfjax.training.mlm`, `train.mlm_rate`):
-  python -m experiments.convert --hf_dir=checkpoints/bert-base-uncased --workdir=runs/bert \
-      --head=mlm --config=configs/pretrained.py:bert_mlm_shakespeare
-  python -m experiments.train --config=runs/bert/config.json --workdir=runs/bert
-(or `bert_mlm_files` with `--config.data.train_path=corpus.txt`). Not measured on a real
-BERT here either; the tests fine-tune tiny random ones.
+text lines with BERT's masking (`tfjax.training.mlm`, `train.mlm_rate`).
 
 Presets: `decoder_only` (default), `encoder_decoder`, `encoder_only`, `encoder_only_mlm`:
 embedded tasks (the last: masked-LM on the sentences of the `reverse` task);
 `gpt2_shakespeare` (Tiny Shakespeare, 256-token windows), `marian_multi30k` (Multi30k en->de),
 `bert_mlm_shakespeare` (Tiny Shakespeare lines), `bert_mlm_files` (your text file, one example
-per line), `tiny`, `tiny_seq2seq` (tests: a few steps), `t5_tiny` (tests: a converted T5, a few
-steps).
+per line: `--config.data.train_path=corpus.txt`), `tiny`, `tiny_seq2seq` (tests: a few steps),
+`t5_tiny` (tests: a converted T5, a few steps).
 """
 
 from configs import common

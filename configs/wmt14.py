@@ -1,19 +1,22 @@
 """The paper's WMT 2014 English→German setting (Vaswani et al. 2017, §5.1), for accelerators.
 
+  python -m experiments.train --config=configs/wmt14.py:base
+  python -m experiments.evaluate --workdir=runs/wmt14_base --split=test --average_last=5
+
+Expected: not measured (it needs an accelerator; the paper trained `base` for 12 hours on 8
+P100s). The paper reports 27.3 (base) and 28.4 (big) tokenized BLEU on newstest2014; expect a
+little less as detokenized sacreBLEU. The tests check that the presets build and that the same
+pipeline trains and evaluates `tiny` on a local JSON-lines sample through the same hub code path.
+
 Data: WMT14 En-De through Hugging Face `datasets` (`hub_name="wmt14"`, `hub_config="de-en"`,
 the `hub` extra: pip install -e ".[hub]"; downloads about 1.4 GB on the first run): 4.5M
 training pairs, newstest2013 (`validation`) evaluated during training, newstest2014 (`test`)
-reported with `experiments.evaluate --split=test`. A shared SentencePiece BPE vocabulary of
+reported by `experiments.evaluate --split=test`. A shared SentencePiece BPE vocabulary of
 37,000 pieces (the paper's size; trained on a 2M-sentence sample), sequences up to 256 pieces,
-packed rows of 256 tokens, 96 rows per step (~25,000 target tokens, the paper's batch), 100k
-steps with the paper's schedule for `base`, 300k for `big`. Paper: 27.3 (base) and 28.4 (big)
-tokenized BLEU on newstest2014; expect a little less as detokenized sacreBLEU.
+packed rows of 256 tokens, 96 rows per step (~25,000 target tokens, the paper's batch).
 
-Not run on the project's 2-core CPU (it needs an accelerator: the paper used 8 P100s for 12 hours
-for base); the tests check that the configs build and that the same pipeline trains and
-evaluates `tiny` on a local JSON-lines sample through the same hub code path:
-  python -m experiments.train --config=configs/wmt14.py:base
-  python -m experiments.evaluate --workdir=runs/wmt14_base --split=test --average_last=5
+Presets (`--config=configs/wmt14.py:NAME`): `base` (default, 100k steps with the paper's
+schedule), `big` (300k steps), `tiny` (tests, on local JSON lines).
 """
 
 from configs import common
