@@ -1,38 +1,24 @@
 """What every entry point shares: the absl start-up, quiet library logs, one-line user errors.
 
 `main(entry)` runs an entry point as `absl.app.run` does, and sorts what goes wrong:
-  * a user error, something the user can fix, prints `error: <message>` on one line on stderr
-    and exits with status 2: a `tfjax.errors.UserError` (config keys, values, presets and files,
-    data files, a workdir that is a file, in use or of the wrong kind, damaged or incompatible
-    checkpoints, a diverged loss, a full or read-only disk), a missing or misplaced file or
-    directory (`FileNotFoundError`, `FileExistsError`, `NotADirectoryError`,
-    `IsADirectoryError`, `PermissionError`), any write that met a full or read-only disk
-    (`tfjax.training.storage.storage_problem`), and a flag absl rejects (unknown flag, bad
-    value, missing required flag);
-  * Ctrl-C prints `interrupted` and exits with status 130 (a training run keeps its last
-    checkpoint and releases the workdir lock on the way out);
-  * anything else is a bug: Python's traceback, status 1.
-A process of a multi-process job whose peer died (`tfjax.errors.DistributedError` with
-`exit_at_once`) ends right after its one line, skipping the interpreter's shutdown, where JAX
-would wait for the dead peer.
-`--debug` (every entry point has it) prints the traceback of user errors and Ctrl-C too.
-On a host where libtpu is installed but no TPU is attached, every entry point (and each process
-it starts) computes on the CPU without waking libtpu (`tfjax.training.host.cpu_unless_tpu`).
+  * a user error prints `error: <message>` on one line on stderr and exits with status 2: a
+    `tfjax.errors.UserError`, a missing or misplaced file or directory (`FileNotFoundError`,
+    `FileExistsError`, `NotADirectoryError`, `IsADirectoryError`, `PermissionError`), a write
+    that met a full or read-only disk (`tfjax.training.storage.storage_problem`), a flag absl
+    rejects;
+  * Ctrl-C prints `interrupted` and exits with status 130;
+  * anything else is a bug: Python's traceback, status 1 (`--debug` shows it for the others too).
+A process of a multi-process job whose peer died (`DistributedError` with `exit_at_once`) ends
+right after its one line, skipping the interpreter's shutdown, where JAX would wait for the dead
+peer. Where libtpu is installed but no TPU is attached, every entry point computes on the CPU
+without waking libtpu (`tfjax.training.host.cpu_unless_tpu`).
 
-Console output: log records reach stderr as plain lines, `HH:MM:SS message` (INFO),
-`warning: message` and `error: message`, written through tqdm when it is loaded so that a live
-progress bar is redrawn below them. absl's full format (`I1128 02:36:34.955592 1396... file.py:42]
-message`) stays where a line's origin matters: `--verbose` (every entry point has it; it also lets
-the libraries log at INFO), `--logtostderr`/`--alsologtostderr`, and the log file that
-`--log_dir=DIR` writes (absl's `<program>.INFO` files; the console stays plain beside it).
-
-Every entry point but the benchmark and the planner (which measure compilation) keeps the XLA
-programs it compiles in JAX's persistent compilation cache, so a rerun, a resume, an evaluate or
-a translate of the same model reads them back instead of compiling again:
-`--compilation_cache_dir` (default `$JAX_COMPILATION_CACHE_DIR`, else
-`$XDG_CACHE_HOME/tfjax/jax`, else `~/.cache/tfjax/jax`), `--nocompilation_cache` to turn it off.
-The cache key covers the program, the devices, the compiler flags and the jax version, so a
-changed config or a new jax compiles again; deleting the folder is always safe.
+Console output is plain lines (`HH:MM:SS message`, `warning: ...`, `error: ...`), written
+through tqdm when it is loaded so that a live progress bar is redrawn below them; absl's full
+format stays for `--verbose`, `--logtostderr` and `--log_dir` (docs/training.md, "Console
+output"). Every entry point but the benchmark and the planner (which measure compilation) keeps
+its compiled programs in JAX's persistent compilation cache (`--compilation_cache_dir`,
+`--nocompilation_cache`; docs/compilation_cache.md).
 """
 
 import functools

@@ -14,12 +14,9 @@ gives the run's data, optimizer and loop (default `configs/pretrained.py:<model 
 embedded task; `encoder_only_mlm` for BERT's masked-LM head), `--config.a.b=value` overrides
 it, and `--head` picks BERT's head ("mlm" or "classify"; default: the one config.json names).
 
-Length limits come from the checkpoint, not the preset: a translation model (Marian, T5) reads
-sources and targets as long as the checkpoint does (`data.max_source_len` and
-`data.max_target_len`: Marian's `max_position_embeddings`, T5's tokenizer `model_max_length`
-or 512), a GPT-2 or BERT keeps the preset's length cut to its position table. A
-`--config.data.max_source_len=N` (or `max_target_len`) flag keeps its value; one longer than
-a learned position table is refused.
+Length limits come from the checkpoint, not the preset (docs/pretrained.md, "Length limits of
+a converted workdir"); a `--config.data.max_source_len=N` (or `max_target_len`) flag keeps its
+value, and one longer than a learned position table is refused.
 
 Export (`--to_hf`): writes the latest checkpoint (or `--step`) of a converted or fine-tuned
 workdir as a directory `transformers` loads (`from_pretrained(hf_dir)`), with the tokenizer.

@@ -1,35 +1,14 @@
 """Evaluate a trained run: `python -m experiments.evaluate --workdir=W [--beam_size=4]`.
 
-Flags: `--split` (default: the run's `data.eval_split`; any split of the run's dataset, e.g.
-"test2016" for multi30k, or "train"), `--average_last` (1; N > 1 averages the parameters of the
-last N checkpoints), `--beam_size` (4; 1 = greedy), `--alpha` (0.6, beam length penalty; a
-workdir converted from a checkpoint with its own decoding, e.g. Marian's, defaults to that),
-`--step` (default: the latest good checkpoint), `--max_examples` (0 = the whole split),
-`--batch_size` (64), `--source_file` with `--reference_file` (seq2seq runs: score any
-line-aligned text files instead of a split of the run's dataset), `--oracle_length` (seq2seq,
-with `--beam_size=1`: greedy decoding that ends each hypothesis where its reference ends, an
-analysis aid for length generalisation, e.g. SCAN's length split; the record says so).
-
-Reads `W/config.json`, restores the checkpoint, then
-  * seq2seq runs: decodes the split and scores the detokenized hypotheses against the targets:
-    sacreBLEU BLEU (13a tokenizer, cased) and chrF2, both 0-100, and exact match (0-1); adds the
-    teacher-forced `loss`, `nll`, `perplexity`, `accuracy` (per token),
-    `teacher_forced_exact_match` and `greedy_exact_match` of `tfjax.runs.evaluator.evaluate`.
-    Hypotheses go to `W/eval/<split>_step<N>_beam<k>[_alpha<a>].hyp.txt` (alpha: beam search),
-    one line per example, in order.
-  * lm and classify runs: the teacher-forced metrics of `tfjax.runs.evaluator.evaluate` (the
-    same keys as the `eval` records of `metrics.jsonl`); language models on a text stream (e.g.
-    tinyshakespeare) score the whole split in consecutive windows and also report
-    `sampled_nll`, the mean loss over `--sample_windows` (2,400 = nanoGPT's 200 batches of 12)
-    windows at random offsets, seed 0.
-  * with `--source_file=S --reference_file=R` (seq2seq runs): each line of S is translated as
-    `experiments.translate` would and scored against the same line of R as written: BLEU, chrF
-    and exact match (`tfjax.runs.evaluator.evaluate_files`); hypotheses go to
-    `W/eval/files_<S stem>_step<N>_beam<k>[_alpha<a>].hyp.txt`.
-The scores are printed and written to `W/eval.json` (the latest evaluation: split, step,
-beam_size, alpha, num_examples, the scores and the sacreBLEU signatures); a copy stays in
-`W/eval/<split>_step<N>_beam<k>[_alpha<a>].json`, so evaluations with several length
-penalties (choosing alpha on val) keep one record each. Runs on one host, CPU included.
+Restores `W`'s checkpoint (the latest good one, or `--step`; `--average_last=N` averages the
+parameters of the last N) and scores a split of the run's dataset (`--split`, default the run's
+`data.eval_split`) or, for seq2seq runs, line-aligned `--source_file` and `--reference_file`.
+Seq2seq runs are decoded (beam search; `--beam_size=1` is greedy) and scored with sacreBLEU BLEU,
+chrF and exact match beside the teacher-forced metrics; language models and classifiers get the
+teacher-forced metrics (on a text stream also `sampled_nll`, nanoGPT's estimate over random
+windows). The scores are printed and written to `W/eval.json`, with a copy and the hypotheses
+under `W/eval/`. Runs on one host, CPU included. Every flag: `--help`; the outputs in full:
+docs/decoding.md, "What `experiments.evaluate` writes".
 
 The work is done by `tfjax.runs.evaluator.evaluate_workdir`; this module defines its flags only
 when run as a script.

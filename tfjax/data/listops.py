@@ -1,39 +1,21 @@
 """ListOps: nested list operations over digits, generated in-process as in the Long Range Arena.
 
-ListOps (Nangia & Bowman, "ListOps: A Diagnostic Dataset for Latent Tree Learning", 2018) asks
-for the value of a prefix expression such as "[MAX 2 9 [MIN 4 7 ] 0 ]" (= 9): operators apply to
-lists of digits 0-9 and of nested expressions, so the answer, one of 10 classes, depends on the
-whole hierarchical structure. The Long Range Arena (Tay et al., "Long Range Arena: A Benchmark
-for Efficient Transformers", ICLR 2021) uses long versions of it: 500 to 2,000 tokens, trees at
-most 10 levels deep and at most 10 arguments per operator, 96k train / 2k valid / 2k test
-examples. Its vanilla Transformer reaches 36.37% test accuracy (Table 1).
+ListOps (Nangia & Bowman 2018) asks for the value of a prefix expression such as
+"[MAX 2 9 [MIN 4 7 ] 0 ]" (= 9): one of 10 classes, which depends on the whole tree. The Long
+Range Arena (Tay et al., ICLR 2021) uses long versions: 500 to 2,000 tokens, trees at most 10
+levels deep, at most 10 arguments per operator, 96k train / 2k valid / 2k test examples.
 
-Operators (`OPERATORS`, written "[MAX", "[MIN", "[MED", "[SM" in the text):
-  * MAX, MIN: the largest / smallest argument;
-  * MED: the median as LRA computes it, `int(np.median(args))`: for an even number of arguments
-    the mean of the two middle values, truncated ("[MED 1 2 3 4 ]" = 2);
-  * SUM_MOD: the sum of the arguments modulo 10.
+Operators (`OPERATORS`, written "[MAX", "[MIN", "[MED", "[SM" in the text): MAX, MIN; MED, the
+median as LRA computes it, `int(np.median(args))` ("[MED 1 2 3 4 ]" = 2); SUM_MOD, the sum
+modulo 10.
 
-The random tree follows LRA's generator (`lra_benchmarks/data/listops.py`): the root operator is
-level 1; an argument on a level before `max_depth` is a nested operator with probability 0.25 and
-otherwise a uniform digit, on level `max_depth` always a digit; an operator has a uniform number
-of arguments in [2, max_args] and a uniform operator. With LRA's max_args = 10 the trees grow
-fast enough that about a third of the candidates land in 500-2,000 tokens; with max_args = 5
-almost none do. Whole expressions are drawn until one has between `min_length` and `max_length`
-tokens (inclusive; LRA's script keeps lengths strictly inside its bounds). Differences from LRA's
-files:
-  * no parentheses: LRA's TSV wraps every (function, argument) application in "( ... )"; they
-    carry no information, and LRA's lengths do not count them either, so they are left out here.
-    `evaluate` skips them, so it also reads LRA's files;
-  * brackets are tokens: "[MAX" and "]" are words, as the LRA authors intended (their released
-    input pipeline dropped them, google-research/long-range-arena issues #6 and #14);
-  * no deduplication: LRA draws a set of trees; at these lengths a repeat is practically
-    impossible, and train and test come from different seeds.
-
-Class balance: labels are skewed, because MAX and MIN over many arguments drift to 9 and 0. At
-the LRA settings the most frequent label (0 or 9, depending on the sample) covers about 17% of
-the examples and 0 and 9 together about a third (10,000 examples each from seeds 0 and 1), so
-compare accuracy with that majority-class share, not with 10%.
+Trees follow LRA's generator (`lra_benchmarks/data/listops.py`): below `max_depth` an argument
+is a nested operator with probability 0.25, else a uniform digit; an operator has a uniform
+number of arguments in [2, max_args]. Whole expressions are drawn until one has between
+`min_length` and `max_length` tokens (inclusive). Unlike LRA's files: no "( ... )" around each
+application (`evaluate` skips them, so it reads LRA's files too), brackets are tokens, no
+deduplication. Labels are skewed (MAX and MIN over many arguments drift to 9 and 0). Why each
+difference, and the class balance: docs/data.md, "ListOps".
 
 Pure numpy and Python: every call uses its own `np.random.default_rng(seed)`.
 """

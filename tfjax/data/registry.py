@@ -18,11 +18,8 @@ the encoding path of `tfjax.data.datasets` needs to know about it:
     default, sources of `TEXT` alone stream.
 
 The built-in sources live in `tfjax.data.catalog` and are registered on the first call to this
-module. A new source registers from any module imported before its config is built:
-
-    @registry.register("echo", formats=registry.PAIRS, splits=("train", "test"))
-    def echo(request):
-        return [("a b", "a b"), ("c", "c")]
+module. A new source registers from any module imported before its config is built (an example:
+docs/data.md, "Adding a corpus").
 """
 
 import dataclasses

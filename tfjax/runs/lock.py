@@ -3,42 +3,17 @@
 Two runs on one workdir (a double launch, a requeued job while the first still runs) would
 interleave `metrics.jsonl` and both write checkpoints. `train_and_evaluate` therefore holds
 `held(workdir)` from before its first write to its return, and a second run stops at once with
-a `WorkdirLockedError` naming the holder:
+a `WorkdirLockedError` naming the holder (host, pid, start time, command).
 
-    workdir runs/tiny is in use by another training run (host h1, pid 4242, started
-    2025-01-02 10:00:00 UTC, command ...): wait for it to finish or stop it, or train in another
-    workdir
-
-How the lock works:
-  * The OS lock is `filelock.FileLock` on the lock file: a non-blocking `flock`, which the kernel
-    drops when its process exits in any way (exception, Ctrl-C, SIGKILL, a crash), so a dead run
-    never keeps it; filelock opens the file without truncating it, so a contender that loses
-    cannot wipe the holder's record. The file records host, pid, start time and command, for the
-    message (written by filelock's `on_acquired` hook, with the flock held); it is emptied on
-    release and kept (`preserve_lock_file`).
-  * A record found with the flock free is left by a run that is gone (killed, or its machine
-    died): it is taken over with a warning. On the same host that is certain; for a record of
-    another host see below.
-  * Other hosts (shared filesystems): Linux's NFS client maps flock to NFS byte-range locks,
-    which the server enforces across hosts, so there a live run on another host is refused like
-    a local one. Some mounts keep flock per host (NFS with `local_lock=flock` or `nolock`, many
-    FUSE filesystems) or refuse it (then the record alone is used, with a warning). To be safe
-    there too, the holder touches the file every `HEARTBEAT_SECONDS`; a record of another host
-    is taken over only once its file has not been touched for `STALE_SECONDS`. A fresh one is
-    watched for up to `STALE_SECONDS` on this host's monotonic clock: if it is touched
-    meanwhile the run is alive and refused, otherwise it is taken over. Only the shortcut for
-    a record untouched for longer than that compares the file's time with this host's clock.
-  * Kept by hand, not filelock's: the heartbeat and the record-only mode. filelock's leases
-    (`SoftFileLease`) and its flock-less fallback (`SoftFileLock`) are existence locks, a
-    second kind of lock beside the flock: a crashed run's marker would block the workdir until
-    its lease ran out even on the same host, where the flock answers at once, and their owner
-    record has no start time or command for the message.
-  * Multi-host JAX runs (`jax.process_count() > 1`) are one run: process 0 takes the lock, and
-    tells the other processes whether it did, so that all of them stop together.
-
-The decoding tools (`experiments.evaluate`, `translate`, `generate`) only read a workdir and
-take no lock. A stale lock never needs clearing by hand; with flock unavailable, a record whose
-pid now belongs to an unrelated process does: delete the file (the message says so).
+The OS lock is `filelock.FileLock`'s non-blocking `flock`, which the kernel drops when its
+process exits in any way, so a record found with the flock free is a dead run's and is taken
+over with a warning. Where flock is kept per host or refused (some NFS mounts, FUSE), the holder
+touches the file every `HEARTBEAT_SECONDS` and a record of another host is taken over only once
+untouched for `STALE_SECONDS`. The heartbeat and the record-only mode are kept here rather than
+filelock's leases, which are existence locks: a crashed run's marker would block its workdir
+even on its own host, where the flock answers at once. In a multi-host JAX run process 0 takes
+the lock and tells the others. The decoding tools only read a workdir and take no lock.
+The cases one by one: docs/scale.md, "The workdir lock".
 """
 
 import contextlib

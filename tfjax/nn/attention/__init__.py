@@ -1,37 +1,23 @@
 """Attention: score functions, the masked softmax, the KV cache and the multi-head attention module.
 
 Submodules, one job each (each imports only those listed above it):
-- `primitives`: what every path shares: `attention_logits` (the four scores), the input checks
-  and probability dropout (re-exported by `core`);
-- `chunked`: `chunked_attention`, queries and keys in blocks with an online softmax (Rabe &
-  Staats 2021; FlashAttention), memory linear in the length in the forward and backward passes,
-  with dense masks and biases read per block and causality, windows, segment ids and offset
-  biases (T5 relative, ALiBi) built per block;
-- `core`: pure attention math: `masked_softmax` and `dot_product_attention` with its XLA /
-  cuDNN / chunked / reference dispatch, and `Lengths`, a padding (and causal) mask given by
-  lengths, which cuDNN applies in its kernel;
-- `local`: blocked `local_attention`, |i - j| <= r in O(L · r), with segment ids, causality,
-  dropout and offset biases (T5 relative, ALiBi); `Window`, the restriction a model hands to
-  `MultiHeadAttention(..., window=...)` (radius None: only causality, segments and the offset
-  bias, for the chunked path), and `window_attention`: chunked, blocked or dense fallback;
-- `cache`: the head-major key/value cache of decoding: `cached_attention` over it, the pure
-  `append`, and the reads/writes of a module's "cache" collection;
-- `projections`: head sizes, the q/k/v/out projections (fused QKV, separate q, k, v, cross kv,
-  low-rank value) and the general/additive score weights;
+- `primitives`: `attention_logits` (the four scores), the input checks, probability dropout;
+- `chunked`: `chunked_attention`, blocks of queries and keys with an online softmax, memory
+  linear in the length forward and backward (masks, biases, causality, windows built per block);
+- `core`: `masked_softmax`, `dot_product_attention` with its XLA / cuDNN / chunked / reference
+  dispatch, and `Lengths`, a padding (and causal) mask given by lengths;
+- `local`: blocked `local_attention` (|i - j| <= r in O(L · r)), `Window` (the restriction a
+  model hands to `MultiHeadAttention`) and `window_attention`;
+- `cache`: the head-major key/value cache of decoding: `cached_attention`, `append`;
+- `projections`: head sizes, the q/k/v/out projections and the general/additive score weights;
 - `module`: `MultiHeadAttention`, which wires the pieces above together.
-The names below are re-exported, so `from tfjax.nn import attention` then
-`attention.dot_product_attention(...)` or `attention.MultiHeadAttention(...)` is all most code
-needs.
+The names below are re-exported: `from tfjax.nn import attention` is all most code needs.
 
-Sources:
-- scaled dot-product and multi-head attention: Vaswani et al. 2017, "Attention Is All You Need",
-  §3.2.1 (Eq. 1) and §3.2.2; self- and cross-attention (encoder-decoder attention): §3.2.3;
-- plain dot and general (bilinear, q^T W k) scores: Luong et al. 2015, §3.1;
-- additive scores, v^T tanh(W_q q + W_k k): Bahdanau et al. 2015, Appendix A.1.2;
-- multi-query and grouped-query attention: Shazeer 2019; Ainslie et al. 2023 (GQA), §2;
-- low-rank value projection: the value matrix factorised as W_down [D, r] · W_up [r, K·H];
-- key/value cache for autoregressive decoding (flax "cache" collection): self-attention keys and
-  values are written one step at a time, encoder keys/values are projected once per source.
+Sources: scaled dot-product, multi-head, self- and cross-attention: Vaswani et al. 2017,
+§3.2.1-3.2.3; dot and general (q^T W k) scores: Luong et al. 2015, §3.1; additive scores
+v^T tanh(W_q q + W_k k): Bahdanau et al. 2015, Appendix A.1.2; multi-query and grouped-query
+attention: Shazeer 2019, Ainslie et al. 2023 §2; online softmax: Rabe & Staats 2021,
+FlashAttention; low-rank value: W_down [D, r] · W_up [r, K·H].
 
 Axis letters: B batch, L query length, S key length, D model width, N query heads, K key/value
 heads, G = N // K queries per kv head, H head width, A additive-score width.
