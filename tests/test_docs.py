@@ -1,5 +1,6 @@
 """The documentation runs: every ```python block of README.md and docs/*.md is executed, and
-every shell line naming `python -m experiments.X` has its flags and config overrides parsed.
+every shell line naming `python -m experiments.X` (there and in the header of each config file)
+has its flags and config overrides parsed.
 
 Conventions (docs/tests.md): a page's Python blocks run in order in one namespace, in a
 temporary working directory; an HTML comment `<!-- docs-test: setup` ... `-->` holds hidden
@@ -7,6 +8,7 @@ Python that runs just before the next block; `<!-- docs-test: slow -->` on a pag
 Python blocks to the slow tier (they train a run).
 """
 
+import ast
 import json
 import pathlib
 import re
@@ -19,6 +21,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_HELPERS = ("__init__", "common")  # configs/ files that are not recipes
+RECIPES = [p for p in sorted((ROOT / "configs").glob("*.py")) if p.stem not in _HELPERS]
 FENCE = re.compile(r"^\s*```(\S*)\s*$")  # also indented, inside a list item
 SETUP = "<!-- docs-test: setup"
 SLOW = "<!-- docs-test: slow -->"
@@ -86,6 +90,15 @@ def commands(text: str) -> list[tuple[str, list[str]]]:
                 continue
             pending = ""
     return found
+
+
+def header_commands(path: pathlib.Path) -> list[tuple[str, list[str]]]:
+    """(module, arguments) of every `python -m experiments.X ...` line of a config file's
+    docstring (a trailing backslash continues a line)."""
+    doc = (ast.get_docstring(ast.parse(path.read_text())) or "").replace("\\\n", " ")
+    lines = [line.strip() for line in doc.splitlines()]
+    shell = [line for line in lines if line.startswith("python -m experiments.")]
+    return commands("```bash\n" + "\n".join(shell) + "\n```\n")
 
 
 def _commands_in(line: str) -> list[tuple[str, list[str]]]:
@@ -156,6 +169,9 @@ def test_shell_commands_parse():
     for path in PAGES:
         for module, args in commands(path.read_text()):
             by_module.setdefault(module, []).append(args)
+    for path in RECIPES:
+        for module, args in header_commands(path):
+            by_module.setdefault(module, []).append(args)
     assert len(by_module) >= 10, sorted(by_module)  # train, evaluate, sweep, plan, ...
     problems = []
     for module, argvs in sorted(by_module.items()):
@@ -169,6 +185,20 @@ def test_shell_commands_parse():
         assert out.returncode == 0, out.stderr[-2000:]
         problems += json.loads(out.stdout.strip().splitlines()[-1])
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_config_headers_give_command_and_expectation(path):
+    """Each recipe opens with the command that trains it and what to expect (big_vision's
+    manner); `test_shell_commands_parse` checks that the commands parse."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    spec = f"--config=configs/{path.name}"
+    trains = [
+        args for module, args in header_commands(path) if module in ("train", "convert", "sweep")
+    ]
+    assert any(arg.startswith(spec) for args in trains for arg in args), (path.name, trains)
+    assert re.search(r"^Expected\b", doc, re.MULTILINE), path.name
+    assert "Presets" in doc, path.name
 
 
 def test_blocks_and_commands_are_found():
