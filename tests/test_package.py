@@ -206,3 +206,31 @@ def test_no_import_cycles():
     assert "tfjax.inference.evaluation" in graph["tfjax.runs.evaluator"]  # ... inside functions
     cycles = _cycles(graph)
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+# What a module's text must not carry: measurements, dates and history belong in docs/ (the code
+# points to the page), and the project's internal notes are never cited.
+HISTORY = re.compile(
+    r"20\d\d-[01]\d-[0-3]\d"  # a date
+    r"|\b(STYLE|DESIGN)\.md\b"  # the project's internal notes
+    r"|\bissue[- ]\d+"  # the project's issue numbers
+    r"|\bRun [A-H]\b"  # a benchmark run's name
+)
+
+
+def test_code_carries_no_dates_or_run_history():
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for folder in ("tfjax", "experiments", "configs")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if HISTORY.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_history_pattern_catches_what_it_should():
+    for text in ("measured 2026-11-27", "see STYLE.md", "(issue 21's target)", "docs, Run E"):
+        assert HISTORY.search(text), text
+    for text in ("issues #6 and #14 of LRA", "Vaswani et al. 2017", "docs/results.md"):
+        assert not HISTORY.search(text), text
