@@ -5,8 +5,8 @@
 
 Import (the default): `--hf_dir` is a local directory as `save_pretrained` or
 `huggingface-cli download --local-dir` writes it (config.json, model.safetensors or
-pytorch_model.bin, the tokenizer's files); nothing is downloaded. Supported: GPT-2, BERT
-and T5 v1.0 / v1.1 (see `tfjax.pretrained`). The new `--workdir` is an ordinary
+pytorch_model.bin, the tokenizer's files); nothing is downloaded. Supported: GPT-2, BERT,
+T5 v1.0 / v1.1 and Marian (`tfjax.pretrained.FAMILIES`). The new `--workdir` is an ordinary
 tfjax workdir with a checkpoint at step 0: `experiments.generate`, `translate` and `evaluate`
 read it, and `python -m experiments.train --config=WORKDIR/config.json --workdir=WORKDIR`
 fine-tunes it (or `--config.train.init_from=WORKDIR` starts a new run from it). `--config`
@@ -21,10 +21,9 @@ value, and one longer than a learned position table is refused.
 Export (`--to_hf`): writes the latest checkpoint (or `--step`) of a converted or fine-tuned
 workdir as a directory `transformers` loads (`from_pretrained(hf_dir)`), with the tokenizer.
 
-A checkpoint of another architecture, a missing, unknown or misshapen tensor, a config.json
-option the model cannot compute (e.g. a multi-label or regression BERT classifier), or a
-tokenizer whose size does not fit the model's table (its files missing) stops with a one-line
-error naming it (status 2).
+A checkpoint the model cannot hold exactly (another architecture, a missing, unknown or
+misshapen tensor, an option it cannot compute, a tokenizer that does not fit) stops with a
+one-line error naming it (docs/pretrained.md).
 """
 
 from absl import flags
