@@ -66,7 +66,13 @@ def _python_pages():
 
 @pytest.mark.parametrize("path", list(_python_pages()))
 def test_python_blocks_run(path, tmp_path, monkeypatch):
+    from tfjax.data import registry
+
     monkeypatch.chdir(tmp_path)  # relative paths (runs/...) land in a fresh folder
+    # A page may register a data source; the tests after it in this process see the built-ins.
+    monkeypatch.setattr(
+        registry, "_SOURCES", {name: registry.get(name) for name in registry.names()}
+    )
     namespace: dict = {"__name__": "__docs__"}
     for lang, code, line in blocks(path.read_text()):
         if lang in ("python", "setup"):
