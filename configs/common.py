@@ -82,7 +82,9 @@ def base_config(
         "halving_steps": (),
     }
     config.parallel = {
-        "mode": "pmap",
+        # "sharded": jax.jit with NamedShardings (data parallel while fsdp = tensor = 1);
+        # "pmap": jax.pmap over the local devices (docs/training.md, "Which parallel mode").
+        "mode": "sharded",
         "fsdp": 1,
         "tensor": 1,  # mode "sharded": devices that split heads and the MLP (Megatron-style)
         "rules": layout.DEFAULT_RULES,  # logical axis name -> mesh axes (tfjax.parallel.layout)

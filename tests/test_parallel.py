@@ -85,7 +85,7 @@ def _single_device(state, step, batches):
 
 
 @pytest.mark.parametrize(
-    "mode, fsdp", [("pmap", 1), pytest.param("sharded", 1, marks=pytest.mark.slow), ("sharded", 2)]
+    "mode, fsdp", [pytest.param("pmap", 1, marks=pytest.mark.slow), ("sharded", 1), ("sharded", 2)]
 )
 def test_parallel_modes_match_one_device(mode, fsdp):
     assert jax.device_count() == 8

@@ -168,7 +168,8 @@ SHARDED = ["parallel.mode=sharded"]
             [*SHARDED, "parallel.rules=(('hidden', 'tensor'),)"],
             ["logical axis 'hidden'", "mlp"],
         ),
-        (["parallel.tensor=2"], ["parallel.tensor=2 needs --config.parallel.mode=sharded"]),
+        (["parallel.mode=pmap", "parallel.tensor=2"],
+         ["parallel.tensor=2 needs --config.parallel.mode=sharded"]),
         ([*SHARDED, "parallel.tensor=0"], ["parallel.tensor must be an integer >= 1"]),
     ],
 )  # fmt: skip
@@ -193,6 +194,7 @@ def test_a_valid_layout_passes_and_rules_override_from_the_command_line():
 def test_an_old_workdirs_config_gets_the_layout_it_ran_with(tmp_path):
     config = _config([])
     as_dict = build.config_dict(config)
+    as_dict["parallel"]["mode"] = "pmap"  # the default when tensor and rules did not exist
     del as_dict["parallel"]["tensor"], as_dict["parallel"]["rules"]
     (tmp_path / "config.json").write_text(json.dumps(as_dict))
     loaded = build.load_config_json(tmp_path / "config.json")

@@ -105,7 +105,8 @@ def test_a_mesh_sets_the_parallel_group():
     config = _config(TINY, "fsdp:2,tensor:2")
     assert (config.parallel.fsdp, config.parallel.tensor) == (2, 2)
     assert _config(TINY, "fsdp:4").parallel.tensor == 1
-    assert _config(TINY).parallel.mode == "pmap"  # the loaded config itself is untouched
+    pmap = [*TINY, "parallel.mode=pmap"]
+    assert _config(pmap).parallel.mode == "pmap"  # without a mesh the config is left as it is
 
 
 def test_a_batch_that_does_not_split_is_one_line():

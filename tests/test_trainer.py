@@ -79,6 +79,31 @@ def test_resume_after_a_crash_between_saves_is_bit_exact(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_a_workdir_trained_under_pmap_resumes_under_sharded(tmp_path):
+    """The default mode changed from pmap to sharded: a pmap workdir goes on under the new
+    default and ends where a run in one mode ends (no dropout: the modes split its keys apart)."""
+    flags = (*REVERSE, "model.dropout_rate=0.0", "train.log_every_steps=1")
+    flags = (*flags, "train.num_train_steps=6")
+    trainer.train_and_evaluate(_config("configs/base.py:tiny", *flags), tmp_path / "straight")
+    first = _config("configs/base.py:tiny", *flags[:-1], "train.num_train_steps=4")
+    first.unlock().parallel.mode = "pmap"
+    trainer.train_and_evaluate(first, tmp_path / "switched")
+    saved = json.loads((tmp_path / "switched" / "config.json").read_text())
+    assert saved["parallel"]["mode"] == "pmap"
+    second = _config("configs/base.py:tiny", *flags)
+    assert second.parallel.mode == "sharded"
+    trainer.train_and_evaluate(second, tmp_path / "switched")
+    # Losses, not parameters: the key projections' biases get gradients of pure rounding
+    # noise (softmax ignores them), which Adam scales up differently in the two programs.
+    runs = [logger.read_metrics(tmp_path / run) for run in ("straight", "switched")]
+    kept = [("train", step) for step in range(1, 7)] + [("final_eval", 6)]
+    losses = [[(r["kind"], r["step"], r["loss"]) for r in records] for records in runs]
+    losses = [[x for x in run if x[:2] in kept] for run in losses]
+    assert [x[:2] for x in losses[0]] == [x[:2] for x in losses[1]] == kept
+    np.testing.assert_allclose([x[2] for x in losses[1]], [x[2] for x in losses[0]], rtol=1e-5)
+
+
+@pytest.mark.slow
 def test_resuming_with_the_other_scan_layout_converts_the_checkpoint(tmp_path):
     # Without dropout the two layouts compute the same steps (to float32 rounding).
     flags = ("model.num_layers=2", "model.dropout_rate=0.0", "train.num_train_steps=6")

@@ -16,6 +16,7 @@ from experiments.bench import (
     decode,
     depth,
     environment,
+    parallel,
     residual,
     sweep,
     torch_peer,
@@ -23,7 +24,7 @@ from experiments.bench import (
     workload,
 )
 
-BENCHES = ("train", "decode", "attention", "depth", "sweep", "residual")
+BENCHES = ("train", "decode", "attention", "depth", "sweep", "residual", "parallel")
 PEERS = ("torch", "flax")
 
 
@@ -120,6 +121,9 @@ def run(
         ),
         "sweep": lambda repeats, _, dtype: sweep.bench_sweep(repeats, dtype),
         "residual": functools.partial(residual.bench_residual, **common),
+        "parallel": lambda repeats, _, dtype: parallel.bench_parallel(
+            repeats, requested_batch, dtype, warmup=warmup
+        ),
     }
     for name in benches:
         result = runners[name](repeats, batch, dtype)

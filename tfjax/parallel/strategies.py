@@ -2,10 +2,11 @@
 
 Both strategies wrap the same pure `train_step(state, batch, rng, axis_name=None)`; nothing else
 in tfjax knows which one runs (docs/design.md, "One code path from CPU to pod").
-- "pmap" (default): the state is replicated on every local device, each device takes B / n rows
+- "pmap": the state is replicated on every local device, each device takes B / n rows
   of the host's batch, gradients are summed over the "batch" axis inside the step.
-- "sharded": one jitted program over a `Mesh` with axes ("data", "fsdp", "tensor"); the batch
-  is split over ("data", "fsdp"), parameters are laid out by their logical axis names and
+- "sharded" (the configs' default): one jitted program over a `Mesh` with axes
+  ("data", "fsdp", "tensor"); the batch is split over ("data", "fsdp"), parameters are laid
+  out by their logical axis names and
   `parallel.rules` (`tfjax.parallel.layout`: by default attention heads and the MLP hidden
   width over "tensor", Megatron-style) and, with an fsdp axis > 1, sharded along their largest
   remaining divisible dimension (ZeRO-3 / FSDP style: Rajbhandari et al. 2020).
