@@ -845,6 +845,13 @@ MUTATIONS = [
         "tests/test_disk_faults.py::"
         "test_orbax_and_asyncio_full_disk_records_are_dropped_and_others_kept",
     ),
+    M(
+        "former-muon-momentum-dropped",
+        "tfjax/training/muon.py",
+        "mu=legacy.momentum,",
+        "mu=jax.tree.map(jnp.zeros_like, legacy.momentum),",
+        "tests/test_muon.py::test_a_checkpoint_of_the_former_muon_resumes_with_its_momentum_as_mu",
+    ),
 ]
 
 

@@ -396,9 +396,15 @@ def _transposed(state: TrainState) -> TrainState:
 
 
 def _convert_when(num_layers: int):
-    """A convert hook: steps saved with `num_layers` layers hold the transposed layout."""
+    """A convert hook: steps saved with `num_layers` layers hold the transposed layout. It is
+    also given the key paths of the step's arrays (its checksums' keys)."""
     conversion = checkpointing.Conversion(to_saved=_transposed, from_saved=_transposed)
-    return lambda saved: conversion if saved["model"]["num_layers"] == num_layers else None
+
+    def convert(saved, saved_keys):
+        assert ".params['dense']['kernel']" in saved_keys
+        return conversion if saved["model"]["num_layers"] == num_layers else None
+
+    return convert
 
 
 def test_restore_converts_each_step_from_the_layout_it_was_saved_in(tmp_path):

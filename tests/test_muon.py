@@ -1,16 +1,21 @@
 """Muon (tfjax.training.muon, optimizer="muon"): Newton-Schulz against numpy and the exact polar
 factor, the kernels' matrix axes, the first two updates written out, training and resuming."""
 
+import logging
+import shutil
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from optax import contrib
 
 from experiments import config_utils
 from tfjax import errors
 from tfjax.runs import build, trainer
-from tfjax.training import muon, optim
+from tfjax.training import checkpointing, muon, optim
 
 
 def _newton_schulz_numpy(u, steps=5):
@@ -214,3 +219,98 @@ def test_every_model_kind_trains_with_muon_and_resumes_exactly(spec, scan, tmp_p
     jax.tree.map(np.testing.assert_array_equal, want, got)
     mask = jax.tree.leaves(muon.muon_mask(want))
     assert 0 < sum(mask) < len(mask)  # hidden kernels take Muon, the rest Adam
+
+
+class _FormerMuonState(NamedTuple):
+    """The former hand-written Muon's state, written out here: its momentum buffer only."""
+
+    momentum: optax.Updates
+
+
+def _is_optax_muon(node):
+    return isinstance(node, tuple) and len(node) == 2 and isinstance(node[0], contrib.MuonState)
+
+
+def _write_former_muon_workdir(tmp_path, state_class=_FormerMuonState):
+    """A 2-step Muon run, then a copy of its workdir whose checkpoint holds the optimizer state
+    as the former Muon wrote it: each (optax MuonState, EmptyState) chain replaced by
+    `state_class(momentum)`, with a momentum unlike optax's (random). Returns (config, the
+    saved state, the copy's workdir)."""
+    flags = ["optim.optimizer=muon", "model.scan_layers=False", "train.num_train_steps=2"]
+    config = config_utils.load_config("configs/lm.py:tiny", flags)
+    trainer.train_and_evaluate(config, tmp_path / "new")
+    _, restored = build.restore(config, tmp_path / "new")
+    keys = iter(jax.random.split(jax.random.key(7), 1000))
+
+    def former(node):
+        if not _is_optax_muon(node):
+            return node
+        momentum = jax.tree.map(
+            lambda m: jax.random.normal(next(keys), m.shape, m.dtype), node[0].mu
+        )
+        return state_class(momentum)
+
+    opt_state = jax.tree.map(former, restored.state.opt_state, is_leaf=_is_optax_muon)
+    old = restored.state.replace(opt_state=opt_state)
+    workdir = tmp_path / "old"
+    workdir.mkdir()
+    shutil.copy(tmp_path / "new" / "config.json", workdir / "config.json")
+    with checkpointing.Checkpointer(workdir / "checkpoints") as checkpointer:
+        checkpointer.save(
+            restored.step,
+            old,
+            rng=restored.rng,
+            data_state=restored.data_state,
+            config=restored.config,
+        )
+    return config, old, workdir
+
+
+def test_a_checkpoint_of_the_former_muon_resumes_with_its_momentum_as_mu(tmp_path, caplog):
+    config, old, workdir = _write_former_muon_workdir(tmp_path)
+    with caplog.at_level(logging.INFO, logger="tfjax.training.muon"):
+        _, restored = build.restore(config, workdir)
+    assert sum("converted the former Muon" in r.getMessage() for r in caplog.records) == 1
+    assert restored.step == 2
+    jax.tree.map(np.testing.assert_array_equal, restored.state.params, old.params)
+
+    is_former = lambda n: isinstance(n, _FormerMuonState)  # noqa: E731
+    former = [n for n in jax.tree.leaves(old.opt_state, is_leaf=is_former) if is_former(n)]
+    new = [
+        n
+        for n in jax.tree.leaves(restored.state.opt_state, is_leaf=_is_optax_muon)
+        if _is_optax_muon(n)
+    ]
+    assert len(former) == len(new) == 1
+    muon_state = new[0][0]
+    # The same exponential average in both: momentum -> mu as stored, bit for bit.
+    jax.tree.map(np.testing.assert_array_equal, muon_state.mu, former[0].momentum)
+    assert jax.tree.leaves(muon_state.mu)  # the hidden kernels' buffers are there
+    assert int(muon_state.count) == 2  # two updates applied before the save
+    np.testing.assert_array_equal(muon_state.ns_coeffs, np.float32([3.4445, -4.7750, 2.0315]))
+    # The Adam part is untouched.
+    adam_old = [x for x in jax.tree.leaves(old.opt_state) if x.ndim]
+    adam_new = [x for x in jax.tree.leaves(restored.state.opt_state) if x.ndim]
+    assert len(adam_new) == len(adam_old) + 1  # + ns_coeffs
+    # Training continues from it, and saves in the current layout.
+    resumed = config_utils.load_config(
+        "configs/lm.py:tiny",
+        ["optim.optimizer=muon", "model.scan_layers=False", "train.num_train_steps=3"],
+    )
+    assert np.isfinite(trainer.train_and_evaluate(resumed, workdir)["loss"])
+    with checkpointing.Checkpointer(workdir / "checkpoints") as checkpointer:
+        assert checkpointer.all_steps() == [2, 3]
+    assert build.restore(config, workdir, step=3)[1].step == 3
+
+
+def test_an_unknown_optimizer_layout_still_stops_with_the_one_line_error(tmp_path):
+    class Unknown(NamedTuple):
+        velocity: optax.Updates
+
+    config, _, workdir = _write_former_muon_workdir(tmp_path, state_class=Unknown)
+    with pytest.raises(checkpointing.CheckpointRestoreError) as raised:
+        build.restore(config, workdir)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "no checkpoint in" in message and "optimizer settings changed" in message
+    assert (workdir / "checkpoints" / "2").is_dir()  # left as it was

@@ -5,8 +5,8 @@ examples, the parallel strategy, the compiled train and eval steps and the abstr
 `restore(config, workdir)` adds the parameters of a checkpoint. `config_dict` and
 `load_config_json` write and read the `config.json` a run keeps in its workdir. The training
 loop (`tfjax.runs.trainer`) and the decoding tools (`tfjax.runs.workdir`) both start here.
-Checkpoints written with the other `model.scan_layers` layout are converted as they are read
-(`layout_conversion`).
+Checkpoints written with the other `model.scan_layers` layout, or with the former Muon optimizer
+state, are converted as they are read (`layout_conversion`).
 """
 
 import copy
@@ -29,7 +29,7 @@ from tfjax.inference import decoding
 from tfjax.models import partitioning
 from tfjax.nn import stacking
 from tfjax.parallel import distributed, layout, strategies
-from tfjax.training import checkpointing, mlm, optim, steps
+from tfjax.training import checkpointing, mlm, muon, optim, steps
 
 
 @dataclasses.dataclass
@@ -64,22 +64,36 @@ SECTION_DEFAULTS = {
 
 
 def layout_conversion(model_config: models.ModelConfig) -> checkpointing.ConvertFn:
-    """For `Checkpointer.restore`: converts a step saved with the other `scan_layers` layout.
+    """For `Checkpointer.restore`: converts a step saved with the other `scan_layers` layout,
+    or with the former hand-written Muon's optimizer state, or both.
 
     The state's parameters and optimizer moments are stacked or unstacked along the layer axis
     (`stacking.stack_layers`); checkpoints from before `scan_layers` existed are unscanned.
+    Muon states are mapped by `muon.to_legacy_state` / `muon.from_legacy_state`.
     """
 
-    def convert(saved_config: dict) -> checkpointing.Conversion | None:
+    def convert(saved_config: dict, saved_keys) -> checkpointing.Conversion | None:
         saved_scan = bool(saved_config["model"].get("scan_layers", False))  # absent: older run
-        if saved_scan == model_config.scan_layers:
+        restack = saved_scan != model_config.scan_layers
+        legacy_muon = muon.has_legacy_state(saved_keys)
+        if not restack and not legacy_muon:
             return None
+        to_saved = functools.partial(stacking.convert_layout, scan=saved_scan)
+        from_saved = functools.partial(stacking.convert_layout, scan=model_config.scan_layers)
+        if not restack:
+            to_saved = from_saved = _same
+        if not legacy_muon:
+            return checkpointing.Conversion(to_saved=to_saved, from_saved=from_saved)
         return checkpointing.Conversion(
-            to_saved=functools.partial(stacking.convert_layout, scan=saved_scan),
-            from_saved=functools.partial(stacking.convert_layout, scan=model_config.scan_layers),
+            to_saved=lambda state: muon.to_legacy_state(to_saved(state)),
+            from_saved=lambda state: from_saved(muon.from_legacy_state(state)),
         )
 
     return convert
+
+
+def _same(state):
+    return state
 
 
 def load_config_json(path: str | os.PathLike) -> ml_collections.ConfigDict:

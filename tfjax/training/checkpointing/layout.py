@@ -54,9 +54,12 @@ def restore_args(abstract_state: Any) -> ocp.args.Composite:
     )
 
 
-def config_args() -> ocp.args.Composite:
-    """Reads only the `config` item of a step."""
-    return ocp.args.Composite(config=ocp.args.JsonRestore())
+def config_args(*, checksums: bool = False) -> ocp.args.Composite:
+    """Reads only the `config` item of a step (and its `checksums` item when `checksums`)."""
+    items = {"config": ocp.args.JsonRestore()}
+    if checksums:
+        items["checksums"] = ocp.args.JsonRestore()
+    return ocp.args.Composite(**items)
 
 
 def check_json(name: str, value: dict) -> dict:

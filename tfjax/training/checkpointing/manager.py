@@ -222,9 +222,10 @@ class Checkpointer:
                 shapes and dtypes of the saved state; leaves with a `.sharding` are placed by it,
                 the others on the first local device.
             step: a specific step to restore (no fallback), or None for the newest good one.
-            convert: given the config a step was saved with, the `restoring.Conversion` from its
-                state layout to `abstract_state`'s, or None when they match (e.g. a checkpoint
-                of an unscanned model restored into a scanned one, `tfjax.runs.build`).
+            convert: given the config a step was saved with and its state's key paths, the
+                `restoring.Conversion` from its state layout to `abstract_state`'s, or None when
+                they match (e.g. a checkpoint of an unscanned model restored into a scanned
+                one, or one of the former Muon, `tfjax.runs.build`).
 
         Returns:
             The restored checkpoint, or None if the directory holds no checkpoint.

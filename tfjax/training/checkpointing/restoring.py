@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -87,8 +87,9 @@ class Conversion:
     from_saved: Callable[[Any], Any]
 
 
-# Given the config a step was saved with: the `Conversion` it needs, or None when it has none.
-ConvertFn = Callable[[dict], Conversion | None]
+# Given the config a step was saved with and the key paths of its state's arrays (the keys of its
+# `checksums` item, e.g. ".params['dense']['kernel']"): the `Conversion` it needs, or None.
+ConvertFn = Callable[[dict, Collection[str]], Conversion | None]
 
 
 class CheckpointRestoreError(errors.CheckpointError, RuntimeError):
@@ -108,8 +109,9 @@ def restore_step(
 ) -> Restored:
     """Restores and verifies one step; raises if anything about it is wrong.
 
-    With `convert`, the step's config is read first; if `convert(config)` gives a
-    `Conversion`, the state is restored in the saved layout, verified, then converted.
+    With `convert`, the step's config and checksums are read first; if `convert(config,
+    checksum keys)` gives a `Conversion`, the state is restored in the saved layout, verified
+    against all its checksums, then converted.
     """
     if not (directory / str(step) / layout.COMMIT_MARKER).exists():
         raise FileNotFoundError(
@@ -118,7 +120,10 @@ def restore_step(
     _check_json_items(directory / str(step))
     conversion = None
     if convert is not None:
-        conversion = convert(manager.restore(step, args=layout.config_args()).config)
+        saved = manager.restore(step, args=layout.config_args(checksums=True))
+        if not isinstance(saved.checksums, dict):
+            raise TypeError(f"item 'checksums' is a {type(saved.checksums).__name__}, not a dict")
+        conversion = convert(saved.config, frozenset(saved.checksums))
     if conversion is not None:
         abstract_state = jax.eval_shape(conversion.to_saved, abstract_state)
     items = manager.restore(step, args=layout.restore_args(abstract_state))
