@@ -188,7 +188,8 @@ def from_legacy_state(state: Any) -> Any:
         if not _is_legacy_matrices(node):
             return node
         legacy, decay, schedule = node
-        count = jnp.asarray(schedule.count, jnp.int32)
+        # A copy: the same buffer twice in the state would be donated twice by the train step.
+        count = jnp.array(schedule.count, jnp.int32, copy=True)
         coeffs = jnp.asarray(NS_COEFFS)
         if isinstance(count, jax.Array):  # placed as the count is (replicated on the mesh)
             coeffs = jax.device_put(coeffs, count.sharding)
