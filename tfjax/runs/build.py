@@ -252,8 +252,9 @@ def _check_positions(config: ml_collections.ConfigDict) -> None:
 
 
 def _check_layout(config: ml_collections.ConfigDict) -> None:
-    """The mesh sizes and `parallel.rules`, and, in mode "sharded", that every parameter of the
-    model gets a layout that divides (shapes from `jax.eval_shape`: nothing is allocated)."""
+    """The mesh sizes and `parallel.rules`, and, in mode "sharded" with fsdp or tensor > 1, that
+    every parameter of the model gets a layout that divides (shapes from `jax.eval_shape`:
+    nothing is allocated)."""
     parallel = config.parallel
     for axis in strategies.MESH_AXES[1:]:
         if not isinstance(parallel[axis], int) or parallel[axis] < 1:
@@ -269,6 +270,8 @@ def _check_layout(config: ml_collections.ConfigDict) -> None:
                 )
         return
     sizes = {axis: parallel[axis] for axis in strategies.MESH_AXES[1:]}
+    if all(size == 1 for size in sizes.values()):
+        return  # plain data parallelism: every parameter is replicated, nothing to divide
     # 0: the tokenizer's size, known after the data; a stand-in every mesh axis divides.
     vocab_size = config.model.vocab_size or 2 * math.prod(sizes.values())
     params = abstract_params(make_model_config(config, vocab_size))
