@@ -476,3 +476,17 @@ def test_positions_option_hands_the_model_positions_0_to_n(monkeypatch):
         for d in (data, workload.with_positions(data))
     ]
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_parallel_bench_times_both_modes_of_a_recipe_on_the_same_batch():
+    from experiments.bench import parallel
+
+    out = parallel.bench_parallel(2, 16, "float32", spec="configs/base.py:tiny")
+    assert out["devices"] == jax.local_device_count() and out["shape"]["global_batch_size"] == 16
+    for mode in parallel.MODES:
+        rates = out[mode]["target_tokens_per_second"]
+        assert 0 < rates["min"] <= rates["median"] <= rates["max"]
+        assert out[mode]["compile_seconds"] > 0
+    ratio = out["sharded"]["step_seconds_median"] / out["pmap"]["step_seconds_median"]
+    assert out["sharded_over_pmap"] == pytest.approx(ratio)

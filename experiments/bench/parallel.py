@@ -23,13 +23,13 @@ CONFIG = "configs/base.py:cpu"
 MODES = ("pmap", "sharded")
 
 
-def _step_of(mode: str, workdir: str, batch_size: int | None):
+def _step_of(mode: str, workdir: str, batch_size: int | None, spec: str = CONFIG):
     """(a closure that runs one train step and carries the state, target tokens per step,
     the recipe's shape)."""
     overrides = [f"parallel.mode={mode}"]
     if batch_size:
         overrides.append(f"train.global_batch_size={batch_size}")
-    config = config_utils.load_config(CONFIG, overrides)
+    config = config_utils.load_config(spec, overrides)
     run = build.build(config, pathlib.Path(workdir))
     batch = next(iter(build.train_iterator(run)))
     sample = jax.tree.map(lambda x: jax.numpy.asarray(x[None]), run.examples.train[0])
@@ -47,20 +47,23 @@ def _step_of(mode: str, workdir: str, batch_size: int | None):
         return metrics
 
     shape = {
-        "config": CONFIG,
+        "config": spec,
         "global_batch_size": config.train.global_batch_size,
         **{key: config.model[key] for key in ("embed_dim", "num_layers", "num_heads", "mlp_dim")},
     }
     return one_step, int(batch["targets"].size), shape
 
 
-def bench_parallel(repeats: int, batch: int | None, dtype: str, warmup: int = 1) -> dict:
-    """Train-step throughput of `CONFIG` under each mode of `MODES`, in alternating pairs."""
+def bench_parallel(
+    repeats: int, batch: int | None, dtype: str, warmup: int = 1, spec: str = CONFIG
+) -> dict:
+    """Train-step throughput of the recipe `spec` under each mode of `MODES`, in alternating
+    pairs (`batch`: its global batch size, None = the recipe's)."""
     del dtype  # the recipe's own
-    out = {"bench": "parallel", "config": CONFIG, "devices": jax.local_device_count()}
+    out = {"bench": "parallel", "config": spec, "devices": jax.local_device_count()}
     with tempfile.TemporaryDirectory() as pmap_dir, tempfile.TemporaryDirectory() as jit_dir:
-        pmap_step, tokens, out["shape"] = _step_of("pmap", pmap_dir, batch)
-        sharded_step, _, _ = _step_of("sharded", jit_dir, batch)
+        pmap_step, tokens, out["shape"] = _step_of("pmap", pmap_dir, batch, spec)
+        sharded_step, _, _ = _step_of("sharded", jit_dir, batch, spec)
         firsts = [timing.time_once(pmap_step), timing.time_once(sharded_step)]  # compiles
         _, pmap_times, sharded_times = timing.time_pairs(pmap_step, sharded_step, repeats, warmup)
     for mode, first, times in zip(MODES, firsts, (pmap_times, sharded_times), strict=True):
