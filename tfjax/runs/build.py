@@ -76,24 +76,24 @@ def layout_conversion(model_config: models.ModelConfig) -> checkpointing.Convert
         saved_scan = bool(saved_config["model"].get("scan_layers", False))  # absent: older run
         restack = saved_scan != model_config.scan_layers
         legacy_muon = muon.has_legacy_state(saved_keys)
-        if not restack and not legacy_muon:
+        if not (restack or legacy_muon):
             return None
-        to_saved = functools.partial(stacking.convert_layout, scan=saved_scan)
-        from_saved = functools.partial(stacking.convert_layout, scan=model_config.scan_layers)
-        if not restack:
-            to_saved = from_saved = _same
-        if not legacy_muon:
-            return checkpointing.Conversion(to_saved=to_saved, from_saved=from_saved)
-        return checkpointing.Conversion(
-            to_saved=lambda state: muon.to_legacy_state(to_saved(state)),
-            from_saved=lambda state: from_saved(muon.from_legacy_state(state)),
-        )
+
+        def to_saved(state):
+            if restack:
+                state = stacking.convert_layout(state, scan=saved_scan)
+            return muon.to_legacy_state(state) if legacy_muon else state
+
+        def from_saved(state):
+            if legacy_muon:
+                state = muon.from_legacy_state(state)
+            if restack:
+                state = stacking.convert_layout(state, scan=model_config.scan_layers)
+            return state
+
+        return checkpointing.Conversion(to_saved=to_saved, from_saved=from_saved)
 
     return convert
-
-
-def _same(state):
-    return state
 
 
 def load_config_json(path: str | os.PathLike) -> ml_collections.ConfigDict:
