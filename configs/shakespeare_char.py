@@ -8,7 +8,8 @@ r"""Character-level language model on Tiny Shakespeare: nanoGPT's `shakespeare_c
 Expected on a 2-core x86 CPU, val loss in nats/char on the whole split and the time of the
 training command (data, compilation and evaluations included; docs/results.md, one seed
 unless noted):
-  cpu               1.672, 7 min 16 s (nanoGPT reports about 1.88 for this setting)
+  cpu               1.672 ± 0.012 (seeds 0, 1, 2), 2 min 54 s - 3 min 27 s (nanoGPT reports
+                    about 1.88 for this setting)
   hour              1.523, 53 min 5 s
   hour_muon         1.478, 47 min 27 s
   hour_rope_swiglu  1.4716 ± 0.0002 (seeds 0, 1), 52 min 30 s - 67 min 1 s
