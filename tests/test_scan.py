@@ -189,8 +189,8 @@ def _variant_cases():
 @pytest.mark.parametrize("kind, overrides", list(_variant_cases()))
 def test_scanned_equals_unscanned_logits_and_gradients(kind, overrides):
     model, scanned, params, stacked = _pair(kind=kind, **overrides)
-    loss, grads = jax.value_and_grad(_loss_fn(model, kind))(params)
-    scanned_loss, scanned_grads = jax.value_and_grad(_loss_fn(scanned, kind))(stacked)
+    loss, grads = _jit(jax.value_and_grad(_loss_fn(model, kind)))(params)
+    scanned_loss, scanned_grads = _jit(jax.value_and_grad(_loss_fn(scanned, kind)))(stacked)
     # The scalar is a sum of +-weighted logits that largely cancel (0.17 from terms of order 1):
     # an absolute tolerance, as for the gradients (the ALiBi case differs by 4e-6 in float32).
     np.testing.assert_allclose(scanned_loss, loss, rtol=1e-5, atol=1e-5)
@@ -225,8 +225,8 @@ def test_scanned_equals_unscanned_with_a_local_window(kind, positional, remat):
     wide = models.create_model(_config(kind=kind, positional=positional))
     dense = wide.apply({"params": params}, *args, **kwargs, deterministic=True)
     assert not np.allclose(dense, logits, atol=1e-3)
-    loss, grads = jax.value_and_grad(_loss_fn(model, kind))(params)
-    scanned_loss, scanned_grads = jax.value_and_grad(_loss_fn(scanned, kind))(stacked)
+    loss, grads = _jit(jax.value_and_grad(_loss_fn(model, kind)))(params)
+    scanned_loss, scanned_grads = _jit(jax.value_and_grad(_loss_fn(scanned, kind)))(stacked)
     np.testing.assert_allclose(scanned_loss, loss, rtol=1e-5)
     _assert_trees_close(scanned_grads, stacking.stack_layers(grads))
 
