@@ -4,16 +4,36 @@ XLA_FLAGS must be set before jax is imported anywhere, which is why it lives her
 """
 
 import os
+import subprocess
+import sys
 
-# The tests' programs are tiny and most run a few times, so compiling them is most of their cost:
-# LLVM at its lowest optimisation level cuts the suite's CPU time by about a fifth (XLA's own
-# graph passes still run, so fusions and layouts are the ones users get). Entry points the tests
-# start inherit it. TFJAX_TEST_XLA_OPTIMIZE=1 compiles as users do.
-_OPT = (
-    ""
-    if os.environ.get("TFJAX_TEST_XLA_OPTIMIZE") == "1"
-    else " --xla_backend_optimization_level=0"
-)
+# The tests' programs are tiny and most run a few times, so compiling them is most of their cost
+# (run op by op, every new (operation, shape) pair is a program of its own). Two XLA:CPU options
+# halve that without touching XLA's graph passes, so the fusions and layouts are the ones users
+# get: LLVM at its lowest optimisation level, and the direct LLVM emitters for fused loops
+# instead of the MLIR fusion emitters (figures: docs/tests.md). Entry points the tests start in
+# process inherit them. TFJAX_TEST_XLA_OPTIMIZE=1 compiles as users do.
+_FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+
+
+def _fast_compile_flags() -> str:
+    """The flags of _FAST_COMPILE that this jaxlib knows: XLA ends the process on a flag it does
+    not know, so a child process tries the second one first (once per session: the xdist
+    workers inherit the answer)."""
+    known = os.environ.get("TFJAX_TEST_FAST_COMPILE_FLAGS")
+    if known is None:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import jax; jax.devices()"],
+            env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=_FAST_COMPILE[1]),
+            capture_output=True,
+            check=False,
+        )
+        known = " ".join(_FAST_COMPILE if probe.returncode == 0 else _FAST_COMPILE[:1])
+        os.environ["TFJAX_TEST_FAST_COMPILE_FLAGS"] = known
+    return known
+
+
+_OPT = "" if os.environ.get("TFJAX_TEST_XLA_OPTIMIZE") == "1" else " " + _fast_compile_flags()
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8" + _OPT
 ).strip()

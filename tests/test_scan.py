@@ -312,7 +312,9 @@ def test_every_remat_policy_gives_the_loss_and_gradients_of_none(scan, remat):
     loss, grads = _remat_loss_and_grads(scan, "none")
     remat_loss, remat_grads = _remat_loss_and_grads(scan, remat)
     np.testing.assert_allclose(remat_loss, loss, rtol=1e-6)
-    _assert_trees_close(remat_grads, grads, atol=1e-6)
+    # Recomputed, the forward ops land in other fusions, whose float32 rounding may differ in
+    # the last bits (1.5e-6 on gradients of 0.03 seen); a lost or wrong recompute is far larger.
+    _assert_trees_close(remat_grads, grads, atol=5e-6)
 
 
 def _checkpoint_eqns(jaxpr) -> list:
@@ -475,7 +477,24 @@ def test_a_checkpoint_restores_into_the_other_layout_and_training_goes_on(tmp_pa
     assert jax.tree.structure(restored.state) == jax.tree.structure(other_state)
     converted = stacking.convert_layout(state, scan=not saved_scan)
     _assert_trees_close(restored.state, converted, atol=0)
-    # One more step in either layout: the same parameters, laid out differently.
+    # One more step in either layout: the same parameters, laid out differently. The key
+    # projection's bias has a zero gradient up to rounding (softmax ignores a shift of a row's
+    # scores), and Adam scales that rounding noise up to the learning rate, differently in the
+    # two programs: its rows are left out.
     _assert_trees_close(
-        other_step(restored.state), stacking.convert_layout(train_step(state), scan=not saved_scan)
+        _without_key_bias(other_step(restored.state)),
+        _without_key_bias(stacking.convert_layout(train_step(state), scan=not saved_scan)),
     )
+
+
+def _without_key_bias(state):
+    """`state` with the key rows of every fused q/k/v bias ([..., 3 * heads, head_dim]) zeroed."""
+    heads = TINY["num_heads"]
+
+    def zero_keys(path, x):
+        names = [getattr(key, "key", None) for key in path]
+        if names[-2:] == ["qkv", "bias"]:
+            return x.at[..., heads : 2 * heads, :].set(0)
+        return x
+
+    return jax.tree_util.tree_map_with_path(zero_keys, state)
