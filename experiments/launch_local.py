@@ -122,8 +122,20 @@ class Job:
             for i, proc in enumerate(self.procs)
             for pipe, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
         ]
-        for thread in self.threads:
+        # One waiter per process records when it ended: polling every few tens of milliseconds
+        # cannot order a process that dies and the peer that notices it and exits soon after.
+        self.ended: dict[int, float] = {}  # index -> time.monotonic() when it ended
+        self.waiters = [
+            threading.Thread(target=self._wait, args=(i,), daemon=True)
+            for i in range(len(self.procs))
+        ]
+        for thread in self.threads + self.waiters:
             thread.start()
+
+    def _wait(self, index: int) -> None:
+        self.procs[index].wait()
+        with self._lock:
+            self.ended[index] = time.monotonic()
 
     def _forward(self, pipe, prefix: str, out) -> None:
         for line in iter(pipe.readline, b""):
@@ -133,22 +145,26 @@ class Job:
                 out.flush()
 
     def signal_all(self, signum: int) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
+        for index, proc in enumerate(self.procs):
+            if index not in self.ended:
                 with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signum)
+                    os.kill(proc.pid, signum)
 
     def first_failure(self) -> int | None:
         """The index of the failed process that ended first (lowest index among ties)."""
-        failed = [i for i, proc in enumerate(self.procs) if proc.poll() not in (None, 0)]
-        return failed[0] if failed else None
+        with self._lock:
+            ended = dict(self.ended)
+        failed = [(t, i) for i, t in ended.items() if self.procs[i].returncode != 0]
+        return min(failed)[1] if failed else None
 
-    def running(self) -> bool:
-        return any(proc.poll() is None for proc in self.procs)
+    def running(self) -> list[int]:
+        """The indices of the processes still running."""
+        with self._lock:
+            return [i for i in range(len(self.procs)) if i not in self.ended]
 
     def finish(self) -> None:
-        for proc in self.procs:
-            proc.wait()
+        for thread in self.waiters:
+            thread.join()
         for thread in self.threads:
             thread.join(timeout=5)
 
@@ -184,13 +200,12 @@ def supervise(job: Job, *, timeout: float, grace: float) -> Outcome:
             kill_at = None if outcome.failed is None else now + grace
         outcome.timed_out = deadline is not None and now > deadline
         if outcome.timed_out or (kill_at is not None and now > kill_at):
-            outcome.killed = [i for i, proc in enumerate(job.procs) if proc.poll() is None]
+            outcome.killed = job.running()
             job.signal_all(signal.SIGKILL)
             break
         time.sleep(0.05)
     job.finish()
-    if outcome.failed is None:
-        outcome.failed = job.first_failure()
+    outcome.failed = job.first_failure()  # every end time known now
     return outcome
 
 

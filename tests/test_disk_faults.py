@@ -267,10 +267,11 @@ def test_evaluate_command_on_a_full_tmpfs(trained):
     with _tmpfs(2048) as point:
         workdir = _copy(trained, point)
         (point / "fill").write_bytes(b"")
-        with open(point / "fill", "wb") as fill, contextlib.suppress(OSError):
+        # Unbuffered, and the suppression outside the file: a buffered file's close flushes
+        # what the full disk refused and raises again.
+        with contextlib.suppress(OSError), open(point / "fill", "wb", buffering=0) as fill:
             while True:
                 fill.write(b"\0" * 65536)
-                fill.flush()
         result = tiny_runs.command("evaluate", f"--workdir={workdir}", "--max_examples=2")
         _one_error(result.returncode, result.stderr, f"no space left on {point}", "while writing")
         assert not list((workdir / "eval").glob("*")) and not (workdir / "eval.json").exists()

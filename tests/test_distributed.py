@@ -182,6 +182,29 @@ def test_launcher_refuses_a_port_in_use_and_reports_signals():
     assert launch_local.describe_status(2) == "exited with status 2"
 
 
+_DIE_THEN_NOTICE = """
+import os, pathlib, signal, sys, time
+dead = pathlib.Path(sys.argv[1])
+if os.environ["TFJAX_PROCESS_ID"] == "1":
+    dead.touch()
+    os.kill(os.getpid(), signal.SIGKILL)
+while not dead.exists():
+    time.sleep(0.001)
+time.sleep(0.02)  # a peer that notices the death and exits soon after it
+sys.exit(2)
+"""
+
+
+def test_launcher_names_the_process_that_died_not_the_peer_that_noticed(tmp_path):
+    """Process 1 is killed; process 0 exits 20 ms later, inside one polling interval: the
+    launcher still names process 1 and exits with its status."""
+    command = [sys.executable, "-m", "experiments.launch_local", "--processes=2", "--"]
+    command += [sys.executable, "-c", _DIE_THEN_NOTICE, str(tmp_path / "dead")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert "error: process 1 of 2 was killed by SIGKILL first." in result.stderr, result.stderr
+    assert result.returncode == 128 + 9
+
+
 def _jax_environ(address=ADDRESS, count="2", index="1") -> dict:
     values = dict(zip(distributed.JAX_ENV_VARS, (address, count, index), strict=True))
     return {k: v for k, v in values.items() if v is not None}
