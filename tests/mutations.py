@@ -852,6 +852,24 @@ MUTATIONS = [
         "mu=jax.tree.map(jnp.zeros_like, legacy.momentum),",
         "tests/test_muon.py::test_a_checkpoint_of_the_former_muon_resumes_with_its_momentum_as_mu",
     ),
+    M(
+        "shared-cache-mask-rows-not-regrouped",
+        "tfjax/nn/attention/cache.py",
+        "x = x.reshape(-1, rows, n, length, s).swapaxes(1, 2)  # [B, N, W, L, S]",
+        "x = x.reshape(-1, n, rows, length, s)",
+        "tests/test_attention.py",
+        "-k",
+        "shared_by_beams",
+    ),
+    M(
+        "beam-cross-cache-read-by-beam-0-only",
+        "tfjax/nn/attention/cache.py",
+        "q.reshape(k.shape[0], rows * length, *q.shape[2:]),",
+        "q[::rows],",
+        "tests/test_attention.py",
+        "-k",
+        "shared_by_beams",
+    ),
 ]
 
 

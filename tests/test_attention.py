@@ -479,6 +479,42 @@ def test_attend_over_cache_equals_dot_product_attention(score):
     np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("score", attention.SCORES)
+@pytest.mark.parametrize("rows_of_mask", [1, 6])
+def test_a_cache_shared_by_beams_equals_one_row_per_beam(score, rows_of_mask):
+    """Beam search's cross-attention cache: 3 sources, 2 beams each (query row 2b + i reads
+    cache row b), with masks and biases that differ between the beams of a source."""
+    sources, beams, length, s, n, kv, h = 3, 2, 2, 5, 4, 2, 8
+    keys = jax.random.split(jax.random.key(11), 8)
+    q = jax.random.normal(keys[0], (sources * beams, length, n, h))
+    k = jax.random.normal(keys[1], (sources, kv, s, h))  # head-major, one row per source
+    v = jax.random.normal(keys[2], (sources, kv, s, h))
+    mask = jax.random.bernoulli(keys[3], 0.7, (rows_of_mask, 1, length, s)).at[..., 0].set(True)
+    bias = jax.random.normal(keys[4], (rows_of_mask, n, length, s))
+    params = {
+        "general": {"w": jax.random.normal(keys[5], (n, h, h))},
+        "additive": {
+            "w_q": jax.random.normal(keys[6], (n, h, 3)),
+            "w_k": jax.random.normal(keys[7], (n, h, 3)),
+            "v": jax.random.normal(keys[5], (n, 3)),
+        },
+    }.get(score)
+    kwargs = dict(mask=mask, bias=bias, score=score, score_params=params)
+    shared = attention.cache.attend_over_cache(q, k, v, **kwargs)
+    tiled = jnp.repeat(k, beams, axis=0), jnp.repeat(v, beams, axis=0)
+    np.testing.assert_allclose(
+        shared, attention.cache.attend_over_cache(q, *tiled, **kwargs), atol=1e-5
+    )
+    if score == "scaled_dot":  # and against JAX's own attention on the tiled rows
+        seq_major = attention.cache.seq_major
+        expected = jax.nn.dot_product_attention(
+            q, *map(seq_major, tiled), bias=bias, mask=mask, scale=h**-0.5
+        )
+        np.testing.assert_allclose(shared, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="multiple of them"):
+        attention.cache.attend_over_cache(q[:5], k, v)
+
+
 def test_head_sizes_defaults_and_errors():
     head_sizes = attention.projections.head_sizes
     assert head_sizes(16, 4, 0, 0) == (4, 4, 4)  # K = N, H = D // N

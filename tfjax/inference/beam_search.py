@@ -20,8 +20,9 @@ masked before the log-softmax, as `bad_words_ids` with `renormalize_logits`); `f
 the last position EOS (`forced_eos_token_id`).
 
 |Y| counts the generated tokens, EOS included (BOS excluded). The encoder runs once per source;
-its cached keys/values are tiled to the W beams of the source (rows b * W + i), and every step
-reorders the cache along the batch axis to follow the surviving beams.
+the self-attention cache is tiled to the W beams of the source (rows b * W + i), and every step
+reorders it along the batch axis to follow the surviving beams. The cross-attention keys and
+values stay one row per source, read by its W beams together.
 """
 
 from typing import Any, NamedTuple
@@ -89,8 +90,7 @@ def reorder_cache(cache: Any, beam_indices: Int[Array, "B W"]) -> Any:
     """Gathers rows b * W + beam_indices[b, i] of the self-attention cache arrays.
 
     Scalars stay as they are, and so do the cross-attention keys and values ("cached_cross_*"):
-    every beam of a source holds the same ones, so a gather within the row would only copy
-    [B * W, S, K, H] arrays per layer and step for nothing.
+    one row per source, shared by its beams (`_tile_cache`).
     """
     b, w = beam_indices.shape
     rows = (jnp.arange(b)[:, None] * w + beam_indices).reshape(b * w)  # [B * W]
@@ -115,11 +115,18 @@ def _tile(x: Array, beam_size: int) -> Array:
 
 
 def _tile_cache(cache: Any, beam_size: int) -> Any:
-    """`_tile` on the batch axis of every cache array (`kv_cache.batch_axis`)."""
+    """`_tile` on the batch axis (`kv_cache.batch_axis`) of the self-attention cache arrays.
+
+    The cross-attention keys and values ("cached_cross_*") keep one row per source: the W
+    beams of a source read it together (`kv_cache.attend_over_cache`).
+    """
 
     def tile(path, x):
-        axis = kv_cache.batch_axis(_leaf_name(path), x)
-        return x if axis is None else jnp.repeat(x, beam_size, axis=axis)
+        name = _leaf_name(path)
+        axis = kv_cache.batch_axis(name, x)
+        if axis is None or name.startswith("cached_cross_"):
+            return x
+        return jnp.repeat(x, beam_size, axis=axis)
 
     return jax.tree_util.tree_map_with_path(tile, cache)
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from tfjax.nn import positional
+from tfjax.nn import losses, positional
 
 # Filtered-out logits: finite (never -inf) so that softmax and categorical stay NaN-free.
 FILTERED = float(jnp.finfo(jnp.float32).min)
@@ -229,7 +229,7 @@ def sample_logits(
     softmax(logits / temperature) after top-k and then top-p filtering."""
     _check_sampling(temperature, top_k, top_p, rng)
     if temperature == 0.0:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return losses.argmax(logits)  # jnp.argmax's result, without XLA:CPU's scalar reduce
     scaled = logits.astype(jnp.float32) / temperature
     scaled = filter_top_p(filter_top_k(scaled, top_k), top_p)
     return jax.random.categorical(rng, scaled, axis=-1).astype(jnp.int32)
@@ -581,7 +581,7 @@ def greedy_decode(
         logits = model.apply(
             variables, encoded, tokens, inputs_segment_ids=inputs_segment_ids, method=model.decode
         )  # [B, L, V]
-        next_token = jnp.argmax(logits[:, t], axis=-1).astype(jnp.int32)  # [B]
+        next_token = losses.argmax(logits[:, t])  # [B]
         return tokens.at[:, t].set(next_token)
 
     tokens = jax.lax.fori_loop(0, max_length, step, jnp.zeros((batch, max_length), jnp.int32))

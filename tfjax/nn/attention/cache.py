@@ -80,8 +80,8 @@ def cached_attention(
 
 def attend_over_cache(
     q: Float[Array, "B L N H"],
-    k: Float[Array, "B K S H"],
-    v: Float[Array, "B K S H"],
+    k: Float[Array, "R K S H"],
+    v: Float[Array, "R K S H"],
     *,
     mask: Bool[Array, "#B #N #L #S"] | None = None,
     bias: Float[Array, "#B #N #L #S"] | None = None,
@@ -92,16 +92,35 @@ def attend_over_cache(
     deterministic: bool = True,
     implementation: str = "auto",
 ) -> Float[Array, "B L N H"]:
-    """`core.dot_product_attention` with head-major keys and values [B, K, S, H].
+    """`core.dot_product_attention` with head-major keys and values [R, K, S, H] (R = B).
 
     Where `dot_product_attention` would take its fast path (dot scores, no probability
     dropout) this is `cached_attention`, which reads the cache in place; otherwise k and v are
     transposed to [B, S, K, H] for the reference path. Arguments as `dot_product_attention`.
+
+    The queries may have W times the cache's rows, B = R * W (query row b * W + i reads row b):
+    beam search keeps one cross-attention cache per source for its W beams. The fast path then
+    attends the W beams of a source as W · L query positions of one row, so each cached
+    key and value is read once per source, not once per beam; the other paths repeat the rows.
     """
+    rows = shared_rows(q, k)
     dropout = core.dropout_active(dropout_rate, deterministic)
     if core.use_fast_path(score, implementation, dropout):
         scale = q.shape[-1] ** -0.5 if score == "scaled_dot" else 1.0
-        return cached_attention(q, k, v, mask=mask, bias=bias, scale=scale)
+        if rows == 1:
+            return cached_attention(q, k, v, mask=mask, bias=bias, scale=scale)
+        b, length = q.shape[:2]
+        out = cached_attention(
+            q.reshape(k.shape[0], rows * length, *q.shape[2:]),
+            k,
+            v,
+            mask=_fold_rows(mask, rows, length),
+            bias=_fold_rows(bias, rows, length),
+            scale=scale,
+        )  # [B / W, W * L, N, H]
+        return out.reshape(b, length, *out.shape[2:])
+    if rows > 1:
+        k, v = jnp.repeat(k, rows, axis=0), jnp.repeat(v, rows, axis=0)
     return core.dot_product_attention(
         q,
         seq_major(k),
@@ -115,6 +134,34 @@ def attend_over_cache(
         deterministic=deterministic,
         implementation=implementation,
     )  # [B, L, N, H]
+
+
+def shared_rows(q: Array, k: Array) -> int:
+    """How many query rows read each cached row: q.shape[0] // k.shape[0] (1 but for a cache
+    shared by the W beams of a source). ValueError when k's rows do not divide q's."""
+    if q.shape[0] == k.shape[0]:
+        return 1
+    if k.shape[0] == 0 or q.shape[0] % k.shape[0]:
+        raise ValueError(
+            f"queries of {q.shape[0]} rows cannot read a cache of {k.shape[0]} rows: the "
+            "query rows must be the cache's, or a multiple of them (beams sharing a source's row)"
+        )
+    return q.shape[0] // k.shape[0]
+
+
+def _fold_rows(x: Array | None, rows: int, length: int) -> Array | None:
+    """A mask or bias broadcastable to [B * W, N, L, S] as one broadcastable to
+    [B, N, W * L, S]: query row b * W + i, position l becomes row b, position i * L + l."""
+    if x is None:
+        return None
+    x = jnp.asarray(x)
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    if x.shape[0] == 1:  # the same for every row
+        return x if x.shape[2] == 1 else jnp.tile(x, (1, 1, rows, 1))
+    n, s = x.shape[1], x.shape[3]
+    x = jnp.broadcast_to(x, (x.shape[0], n, length, s))
+    x = x.reshape(-1, rows, n, length, s).swapaxes(1, 2)  # [B, N, W, L, S]
+    return x.reshape(-1, n, rows * length, s)
 
 
 def append(

@@ -195,6 +195,8 @@ def _weights(q, k, restrict, score: str, score_params, *, decode: bool) -> Array
     path: the cache's keys are head-major, a `local.Window` becomes its dense mask and bias."""
     if decode:
         k = cache.seq_major(k)  # [B, S, K, H]
+        rows = cache.shared_rows(q, k)  # > 1: a cache shared by the beams of a source
+        k = k if rows == 1 else jnp.repeat(k, rows, axis=0)
     if isinstance(restrict, local.Window):
         mask, bias = local.dense_mask_and_bias(restrict, q.shape[1])
     else:
