@@ -8,7 +8,7 @@ r"""English→German translation on Multi30k (Elliott et al. 2016), joint Senten
 Expected on a 2-core x86 CPU, test2016 sacreBLEU (13a, cased, detokenized) and the time of the
 training command (data, SentencePiece training, compilation and evaluations included; the
 decoding chosen on val; docs/results.md):
-  cpu               37.8 (beam 5, alpha 1.4; seed 0, recorded), 28 min 43 s
+  cpu               38.0 +- 0.2 (beam 5, alpha 1.4; seeds 0-2, recorded), 28 min 43 s - 34 min 18 s
   hour              39.0 (beam 5, alpha 1.0, last 5 averaged), 56 min 27 s
   hour_long         39.1 (beam 5, alpha 1.0, last 5 averaged), 56 min 2 s
   hour_rope_swiglu  40.4 (beam 5, alpha 1.4, last 5 averaged), 50 min 40 s
