@@ -92,13 +92,13 @@ def attend_over_cache(
     deterministic: bool = True,
     implementation: str = "auto",
 ) -> Float[Array, "B L N H"]:
-    """`core.dot_product_attention` with head-major keys and values [R, K, S, H] (R = B).
+    """`core.dot_product_attention` with head-major keys and values [R, K, S, H], R = B or B / W.
 
     Where `dot_product_attention` would take its fast path (dot scores, no probability
     dropout) this is `cached_attention`, which reads the cache in place; otherwise k and v are
     transposed to [B, S, K, H] for the reference path. Arguments as `dot_product_attention`.
 
-    The queries may have W times the cache's rows, B = R * W (query row b * W + i reads row b):
+    The queries may have W times the cache's rows (query row b * W + i reads cache row b):
     beam search keeps one cross-attention cache per source for its W beams. The fast path then
     attends the W beams of a source as W · L query positions of one row, so each cached
     key and value is read once per source, not once per beam; the other paths repeat the rows.
