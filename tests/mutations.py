@@ -862,6 +862,15 @@ MUTATIONS = [
         "shared_by_beams",
     ),
     M(
+        "beam-cross-cache-tiled-again",
+        "tfjax/inference/beam_search.py",
+        'return x if axis is None or name.startswith("cached_cross_") else fn(x, axis)',
+        "return x if axis is None else fn(x, axis)",
+        "tests/test_beam_search.py",
+        "-k",
+        "shares_the_cross_attention",
+    ),
+    M(
         "beam-cross-cache-read-by-beam-0-only",
         "tfjax/nn/attention/cache.py",
         "q.reshape(k.shape[0], rows * length, *q.shape[2:]),",

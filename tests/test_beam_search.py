@@ -98,12 +98,26 @@ def test_reorder_cache_gathers_rows_and_leaves_scalars():
 
 
 def test_reorder_cache_leaves_cross_attention_keys_in_place():
-    cross = jnp.repeat(jnp.arange(2.0), 3).reshape(6, 1)  # the same rows within each source
+    cross = jnp.arange(2.0).reshape(2, 1)  # one row per source, shared by its 3 beams
     cache = {"layer": {"cached_key": jnp.arange(6.0).reshape(6, 1), "cached_cross_key": cross}}
     out = beam_search.reorder_cache(cache, jnp.array([[2, 2, 0], [1, 0, 0]]))
     np.testing.assert_array_equal(out["layer"]["cached_key"][:, 0], [2, 2, 0, 4, 3, 3])
-    # Skipping the gather is exact because every beam of a source holds the same cross keys.
     np.testing.assert_array_equal(out["layer"]["cached_cross_key"], cross)
+
+
+def test_the_search_tiles_the_self_attention_cache_and_shares_the_cross_attention_one():
+    model, params, _ = _setup()
+    state, _ = beam_search._start_search(
+        model, params, SRC, SRC_SEG, beam_size=3, max_length=MAX_LENGTH, bos_id=None
+    )
+    rows = {
+        jax.tree_util.keystr(path): x.shape[0]
+        for path, x in jax.tree_util.tree_leaves_with_path(state.cache)
+        if x.ndim
+    }
+    self_rows = {rows[k] for k in rows if "cached_cross_" not in k}
+    cross_rows = {rows[k] for k in rows if "cached_cross_" in k}
+    assert self_rows == {2 * 3} and cross_rows == {2}, rows  # B * W and B
 
 
 def _state(**fields) -> beam_search.BeamState:

@@ -86,27 +86,27 @@ def _gather(x: Array, indices: Array) -> Array:
     return jnp.take_along_axis(x, indices, axis=1)
 
 
-def reorder_cache(cache: Any, beam_indices: Int[Array, "B W"]) -> Any:
-    """Gathers rows b * W + beam_indices[b, i] of the self-attention cache arrays.
+def _map_beam_rows(fn, cache: Any) -> Any:
+    """fn(x, axis) on every self-attention cache array, `axis` its rows (`kv_cache.batch_axis`).
 
     Scalars stay as they are, and so do the cross-attention keys and values ("cached_cross_*"):
-    one row per source, shared by its beams (`_tile_cache`).
+    one row per source, which the W beams of the source read together
+    (`kv_cache.attend_over_cache`).
     """
+
+    def apply(path, x):
+        name = str(getattr(path[-1], "key", path[-1]))
+        axis = kv_cache.batch_axis(name, x)
+        return x if axis is None or name.startswith("cached_cross_") else fn(x, axis)
+
+    return jax.tree_util.tree_map_with_path(apply, cache)
+
+
+def reorder_cache(cache: Any, beam_indices: Int[Array, "B W"]) -> Any:
+    """Gathers rows b * W + beam_indices[b, i] of the self-attention cache arrays."""
     b, w = beam_indices.shape
     rows = (jnp.arange(b)[:, None] * w + beam_indices).reshape(b * w)  # [B * W]
-
-    def reorder(path, x):
-        name = _leaf_name(path)
-        axis = kv_cache.batch_axis(name, x)
-        if axis is None or name.startswith("cached_cross_"):
-            return x
-        return jnp.take(x, rows, axis=axis)
-
-    return jax.tree_util.tree_map_with_path(reorder, cache)
-
-
-def _leaf_name(path) -> str:
-    return str(getattr(path[-1], "key", path[-1]))
+    return _map_beam_rows(lambda x, axis: jnp.take(x, rows, axis=axis), cache)
 
 
 def _tile(x: Array, beam_size: int) -> Array:
@@ -115,20 +115,8 @@ def _tile(x: Array, beam_size: int) -> Array:
 
 
 def _tile_cache(cache: Any, beam_size: int) -> Any:
-    """`_tile` on the batch axis (`kv_cache.batch_axis`) of the self-attention cache arrays.
-
-    The cross-attention keys and values ("cached_cross_*") keep one row per source: the W
-    beams of a source read it together (`kv_cache.attend_over_cache`).
-    """
-
-    def tile(path, x):
-        name = _leaf_name(path)
-        axis = kv_cache.batch_axis(name, x)
-        if axis is None or name.startswith("cached_cross_"):
-            return x
-        return jnp.repeat(x, beam_size, axis=axis)
-
-    return jax.tree_util.tree_map_with_path(tile, cache)
+    """`_tile` on the rows of the self-attention cache arrays (rows b * W + i)."""
+    return _map_beam_rows(lambda x, axis: jnp.repeat(x, beam_size, axis=axis), cache)
 
 
 def _merge_finished(state: BeamState, seqs, log_probs, is_final, rules: Rules):
