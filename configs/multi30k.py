@@ -11,7 +11,8 @@ decoding chosen on val; docs/results.md):
   cpu               38.0 +- 0.2 (beam 5, alpha 1.4; seeds 0-2, recorded), 28 min 43 s - 34 min 18 s
   hour              39.0 (beam 5, alpha 1.0, last 5 averaged), 56 min 27 s
   hour_long         39.1 (beam 5, alpha 1.0, last 5 averaged), 56 min 2 s
-  hour_rope_swiglu  40.4 (beam 5, alpha 1.4, last 5 averaged), 50 min 40 s
+  hour_rope_swiglu  40.2 +- 0.3 (beam 5, alpha 1.4, last 5 averaged; seeds 0, 1: 40.4, 40.0),
+                    50 min 40 s (a fast host) - 65 min 22 s (a slow one)
   small             greedy val BLEU per sweep cell: docs/results.md's ablation tables;
                     14 min 20 s for a cell's 3 seeds as one vectorised program
   base              not measured (for a GPU)
