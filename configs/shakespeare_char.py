@@ -13,7 +13,8 @@ unless noted):
   hour              1.523, 53 min 5 s
   hour_muon         1.478, 47 min 27 s
   hour_rope_swiglu  1.4716 ± 0.0002 (seeds 0, 1), 52 min 30 s - 67 min 1 s
-  hour_ctx256       1.4635, 56 min 23 s
+  hour_ctx256       1.4661 ± 0.0036 (seeds 0, 1: 1.4635, 1.4686), 56 min 23 s (a fast host) -
+                    82 min 26 s (a slow one)
   gpu               not measured on the CPU; on one H200: best val 1.500, 4 min 30 s
                     (nanoGPT's best: 1.4697)
 Wall times depend on the host's day (its `jnp.dot` ceiling varied 2-3x): docs/results.md gives
