@@ -67,10 +67,14 @@ def test_beam_size_1_without_length_penalty_is_greedy():
     np.testing.assert_array_equal(seqs[:, 0], greedy)
 
 
-def test_beam_search_scores_are_the_models_sorted_and_never_below_greedy():
+@pytest.mark.parametrize("cache_start", [decoding.CACHE_START, 1])
+def test_beam_search_scores_are_the_models_sorted_and_never_below_greedy(cache_start):
+    # CACHE_START: one loop over 8 slots; 1: the cache grows 1, 2, 4, 8 slots, reordered in each.
     model, params, eos = _setup()
     alpha = 0.6
-    seqs, scores = _beam(model, params, eos, beam_size=4, alpha=alpha, num_return=4)
+    seqs, scores = _beam(
+        model, params, eos, beam_size=4, alpha=alpha, num_return=4, cache_start=cache_start
+    )
     assert seqs.shape == (2, 4, MAX_LENGTH) and scores.shape == (2, 4)
     # Row 0 finishes 4 hypotheses; row 1 only 1 (this random model likes token 0), so the
     # best unfinished ones, run to max_length, fill its n-best list.

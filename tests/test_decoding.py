@@ -13,6 +13,7 @@ import pytest
 from tfjax import models
 from tfjax.inference import decoding
 from tfjax.nn import masking
+from tfjax.nn.attention import cache as kv_cache
 
 TINY = dict(
     vocab_size=20,
@@ -52,15 +53,18 @@ def _without_cross_projection(params):
     return jax.tree_util.tree_map_with_path(zero, params)
 
 
-def _cached_and_full_logits(model, params, inputs, targets):
+def _cached_and_full_logits(model, params, inputs, targets, slots=()):
     """(cached, full) logits [B, L, V]: the decoder inputs fed one position at a time through
     the cache (`lax.scan`), and the uncached model over the whole targets.
 
     Steps after the first get params without the cross-attention key/value projections, so
-    they match only if the encoder keys/values come from the cache (projected once).
+    they match only if the encoder keys/values come from the cache (projected once). `slots`
+    (increasing, each < L): the cache starts with slots[0] self-attention slots and grows
+    (`kv_cache.grow`) to each next one, then to L, when it is full.
     """
     b, length = targets.shape
     seg = None if inputs is None else SRC_SEG
+    sizes = (*slots, length)
 
     @_jit
     def run(params):
@@ -69,7 +73,7 @@ def _cached_and_full_logits(model, params, inputs, targets):
             model,
             params,
             batch_size=b,
-            max_length=length,
+            max_length=sizes[0],
             bos_id=1,
             inputs=inputs,
             inputs_segment_ids=seg,
@@ -81,7 +85,14 @@ def _cached_and_full_logits(model, params, inputs, targets):
             logits, cache = step_fn(tokens, jnp.full((b, 1), t, jnp.int32), cache)
             return cache, logits
 
-        _, rest = jax.lax.scan(step, cache, jnp.arange(1, length))  # [L - 1, B, V]
+        rest = []
+        for start, end in zip((1, *sizes[:-1]), sizes, strict=True):
+            assert kv_cache.slots(cache) == end
+            cache, logits_part = jax.lax.scan(step, cache, jnp.arange(start, end))
+            rest.append(logits_part)  # [end - start, B, V]
+            if end < length:
+                cache = kv_cache.grow(cache, sizes[sizes.index(end) + 1])
+        rest = jnp.concatenate(rest, axis=0)  # [L - 1, B, V]
         cached = jnp.concatenate([logits[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)
         args = (targets,) if inputs is None else (inputs, targets)
         kwargs = {} if inputs is None else {"inputs_segment_ids": seg}
@@ -128,6 +139,83 @@ def test_cached_logits_with_a_window_equal_full_recompute(kind, positional):
     np.testing.assert_allclose(cached, full, atol=ATOL)
 
 
+# The variants whose masks or position terms depend on the cache's length.
+GROWTH_VARIANTS = {
+    **{
+        name: ("encoder_decoder", CACHE_VARIANTS[name])
+        for name in ("sinusoidal", "rotary", "relative", "alibi")
+    },
+    "decoder_only_rotary": ("decoder_only", dict(positional="rotary")),
+    "window_relative": ("decoder_only", dict(window_radius=2, positional="relative")),
+    "scanned_layers": ("encoder_decoder", dict(scan_layers=True, positional="alibi")),
+}
+
+
+@pytest.mark.parametrize("variant", GROWTH_VARIANTS)
+def test_a_cache_grown_while_decoding_gives_the_full_recompute_logits(variant):
+    # Slots 2, then 3, then 7: the positions after each growth read the written slots where
+    # they were, and the masks and position biases follow the cache's new length.
+    kind, overrides = GROWTH_VARIANTS[variant]
+    model, params = _model(kind, **overrides)
+    inputs = SRC if kind == "encoder_decoder" else None
+    cached, full = _cached_and_full_logits(model, params, inputs, TGT, slots=(2, 3))
+    np.testing.assert_allclose(cached, full, atol=ATOL)
+
+
+def test_grow_pads_self_attention_slots_and_leaves_the_rest():
+    key = jnp.arange(12.0).reshape(1, 2, 3, 2)  # [B, K, T, H]
+    cache = {
+        "layer": {
+            "self_attention": {"cached_key": key, "cached_value": -key, "cache_index": 3},
+            "cross_attention": {"cached_cross_key": key, "cached_cross_value": key},
+        }
+    }
+    assert kv_cache.slots(cache) == 3
+    grown = kv_cache.grow(cache, 5)
+    assert kv_cache.slots(grown) == 5
+    self_attention = grown["layer"]["self_attention"]
+    np.testing.assert_array_equal(self_attention["cached_key"][0, 1, :, 0], [6, 8, 10, 0, 0])
+    np.testing.assert_array_equal(self_attention["cached_value"][..., :3, :], -key)
+    assert self_attention["cache_index"] == 3
+    assert grown["layer"]["cross_attention"]["cached_cross_key"] is key
+    assert kv_cache.slots({"cache_index": 0}) is None
+    with pytest.raises(ValueError, match="cannot grow a cache of 3 slots to 2"):
+        kv_cache.grow(cache, 2)
+
+
+@pytest.mark.parametrize(
+    "max_length, start, want",
+    [
+        (64, 16, (16, 32, 64)),
+        (65, 16, (16, 32, 65)),
+        (48, 16, (16, 48)),  # 32 > 48 / 2: no phase of 32 slots
+        (20, 16, (20,)),  # short decodes keep one loop
+        (9, 2, (2, 4, 9)),
+        (64, 0, (64,)),
+    ],
+)
+def test_cache_phases_double_from_the_start_while_at_most_half_of_max_length(
+    max_length, start, want
+):
+    assert decoding.cache_phases(max_length, start) == want
+
+
+def test_cache_phases_and_while_growing_reject_bad_sizes():
+    with pytest.raises(ValueError, match=">= 0"):
+        decoding.cache_phases(8, -1)
+    cache = {"cached_key": jnp.zeros((1, 1, 4, 2))}
+    with pytest.raises(ValueError, match="cannot grow a cache of 4 slots to 4"):
+        decoding.while_growing(
+            lambda s: True,
+            lambda s: s,
+            cache,
+            grow_to=(4, 8),
+            t_of=lambda s: 0,
+            cache_of=lambda s: s,
+            with_cache=lambda s, c: c,
+        )
+
+
 def test_init_cache_shapes_and_zeros():
     model, params = _model(num_kv_heads=2)
     cache = decoding.init_cache(model, params, batch_size=3, max_length=9, source_length=5)
@@ -159,13 +247,15 @@ def _greedy_reference():
     return raw, int(raw[0, 3])
 
 
-def test_cached_greedy_equals_uncached_greedy_with_padded_sources():
+@pytest.mark.parametrize("cache_start", [decoding.CACHE_START, 1, 3])
+def test_cached_greedy_equals_uncached_greedy_with_padded_sources(cache_start):
+    # CACHE_START: one loop over 8 slots; 1: slots 1, 2, 4, 8; 3: slots 3, 8.
     model, params = _model()
     raw, eos = _greedy_reference()
     # greedy_decode masks after EOS at the end, so masking `raw` equals calling it with `eos`.
     reference = jnp.where(decoding.after_eos(raw, eos), 0, raw)
     assert (reference == eos).any() and (reference == 0).any()
-    out = _jit_generate(model, max_length=8, eos_id=eos)(
+    out = _jit_generate(model, max_length=8, eos_id=eos, cache_start=cache_start)(
         params, inputs=SRC, inputs_segment_ids=SRC_SEG
     )
     np.testing.assert_array_equal(out, reference)
@@ -242,12 +332,14 @@ def _uncached_lm_greedy(model, params, prompt, max_length, eos):
     return buf[0]
 
 
-def test_decoder_only_prompts_of_different_lengths_equal_uncached_rows():
+@pytest.mark.parametrize("cache_start", [decoding.CACHE_START, 2])
+def test_decoder_only_prompts_of_different_lengths_equal_uncached_rows(cache_start):
+    # cache_start 2: slots 2, 4, 10, so the prompt of row 0 fills two caches.
     model, params = _model("decoder_only", positional="rotary")
     prompts = jnp.array([[4, 5, 6, 7], [8, 9, 0, 0]], jnp.int32)
     lengths = jnp.array([4, 2], jnp.int32)
     eos = int(_uncached_lm_greedy(model, params, np.asarray(prompts[0]), 10, NO_EOS)[6])
-    out = _jit_generate(model, max_length=10, eos_id=eos)(
+    out = _jit_generate(model, max_length=10, eos_id=eos, cache_start=cache_start)(
         params, prompts=prompts, prompt_lengths=lengths
     )
     for b, length in enumerate([4, 2]):
@@ -344,6 +436,30 @@ def test_filter_top_p_keeps_the_smallest_set_reaching_p():
     np.testing.assert_array_equal(kept(1.0), np.ones((2, 4)))
     with pytest.raises(ValueError, match="top_p"):
         decoding.filter_top_p(logits, 0.0)
+
+
+@pytest.mark.parametrize("shape, k", [((3, 5000), 8), ((2, 2049), 3), ((4, 1000), 2)])
+@pytest.mark.parametrize("values", ["normal", "few_levels", "with_minus_inf"])
+def test_blocked_top_k_equals_lax_top_k_ties_included(shape, k, values):
+    # Rows of at least 4 k blocks take the blocked path; 2,049 entries end in a partial block.
+    assert shape[1] >= 4 * k * decoding.TOP_K_BLOCK
+    x = jax.random.normal(jax.random.key(3), shape)
+    if values == "few_levels":  # many equal entries across blocks: ties broken by index
+        x = jnp.round(x)
+    elif values == "with_minus_inf":
+        x = jnp.where(x < 1.5, -jnp.inf, x)
+    got, want = decoding.blocked_top_k(x, k), jax.lax.top_k(x, k)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    stock = jax.make_jaxpr(lambda x: decoding.blocked_top_k(x, k, block=0))(x)
+    assert [e.primitive.name for e in stock.eqns] == ["top_k"]  # the switch: lax.top_k alone
+
+
+def test_filter_top_k_on_a_long_row_keeps_exactly_k_lower_ids_first():
+    logits = jnp.zeros((2, 3000)).at[0, 2500].set(1.0).at[1, 7].set(-1.0)
+    kept = np.asarray(decoding.filter_top_k(logits, 4) > decoding.FILTERED)
+    np.testing.assert_array_equal(np.flatnonzero(kept[0]), [0, 1, 2, 2500])
+    np.testing.assert_array_equal(np.flatnonzero(kept[1]), [0, 1, 2, 3])
 
 
 def test_filter_top_k_breaks_ties_by_index():

@@ -21,8 +21,9 @@ the last position EOS (`forced_eos_token_id`).
 
 |Y| counts the generated tokens, EOS included (BOS excluded). The encoder runs once per source;
 the self-attention cache is tiled to the W beams of the source (rows b * W + i), and every step
-reorders it along the batch axis to follow the surviving beams. The cross-attention keys and
-values stay one row per source, read by its W beams together.
+reorders it along the batch axis to follow the surviving beams; it starts short and doubles as
+it fills (`decoding.cache_phases`), so the reorder copies about the written slots only. The
+cross-attention keys and values stay one row per source, read by its W beams together.
 """
 
 from typing import Any, NamedTuple
@@ -156,7 +157,7 @@ def beam_step(
     log_probs = jax.nn.log_softmax(logits, axis=-1).reshape(b, w, -1)  # [B, W, V]
     vocab = log_probs.shape[-1]
     candidates = (state.alive_log_probs[:, :, None] + log_probs).reshape(b, w * vocab)
-    top_lp, top_index = jax.lax.top_k(candidates, 2 * w)  # [B, 2W]
+    top_lp, top_index = decoding.blocked_top_k(candidates, 2 * w)  # [B, 2W]
     parent, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
     seqs = _gather(state.alive_seqs, parent)  # [B, 2W, L]
     seqs = jax.lax.dynamic_update_slice(seqs, token[:, :, None], (0, 0, state.t))
@@ -266,8 +267,11 @@ def _start_search(
     beam_size: int,
     max_length: int,
     bos_id: int | None,
+    cache_slots: int | None = None,
 ) -> tuple[BeamState, decoding.StepFn]:
     """Encodes each source once and feeds BOS, then tiles the result to W beams per source.
+
+    The self-attention cache gets `cache_slots` slots (None: max_length).
 
     Returns:
       (the initial `BeamState`, step_fn over the B * W beams (rows b * W + i)).
@@ -277,7 +281,7 @@ def _start_search(
         model,
         params,
         batch_size=inputs.shape[0],
-        max_length=max_length,
+        max_length=max_length if cache_slots is None else cache_slots,
         bos_id=bos_id,
         inputs=inputs,
         inputs_segment_ids=inputs_segment_ids,
@@ -314,6 +318,7 @@ def beam_search(
     stopping: str = "bound",
     forbidden_ids: tuple[int, ...] = (),
     force_eos: bool = False,
+    cache_start: int = decoding.CACHE_START,
 ) -> tuple[Int[Array, "B n L"], Float[Array, "B n"]]:
     """Beam search translation with an encoder-decoder model and the KV cache.
 
@@ -331,6 +336,9 @@ def beam_search(
         "heuristic" (Hugging Face's `early_stopping=False`; see the module docstring).
       forbidden_ids: tokens never generated (Hugging Face's single-token `bad_words_ids`).
       force_eos: the last position (L - 1) is EOS (Hugging Face's `forced_eos_token_id`).
+      cache_start: self-attention cache slots of the first phase, doubling as the cache fills
+        (`decoding.cache_phases`; the same hypotheses for any value); 0 = max_length slots
+        from the start, one compiled loop.
 
     Returns:
       (int32 [B, n, L] hypotheses, float32 [B, n] scores log P(Y|X) / lp(|Y|)), finished
@@ -342,6 +350,7 @@ def beam_search(
     decoding.check_model(model, ("encoder_decoder",), max_length)
     rules = Rules(alpha, penalty, stopping, tuple(forbidden_ids), force_eos)
     _check_options(beam_size, rules, num_return)
+    phases = decoding.cache_phases(max_length, cache_start)
     state, step_fn = _start_search(
         model,
         params,
@@ -350,13 +359,18 @@ def beam_search(
         beam_size=beam_size,
         max_length=max_length,
         bos_id=bos_id,
+        cache_slots=phases[0],
     )
-    state = jax.lax.while_loop(
+    state = decoding.while_growing(
         lambda state: should_continue(
             state, max_length=max_length, alpha=alpha, penalty=penalty, stopping=stopping
         ),
         lambda state: _advance(state, step_fn, eos_id=eos_id, rules=rules, max_length=max_length),
         state,
+        grow_to=phases[1:],
+        t_of=lambda state: state.t,
+        cache_of=lambda state: state.cache,
+        with_cache=lambda state, cache: state._replace(cache=cache),
     )
     return finalise(state, num_return=num_return, alpha=alpha, penalty=penalty)
 

@@ -2,9 +2,10 @@
 
 - `init_cache`, `first_step`, `make_step_fn`: the model's zero "cache" collection and one
   cached step; the encoder runs and its keys/values are projected once per source.
-- `decode_loop`, `generate`: greedy (temperature 0) or sampled generation in one
+- `decode_loop`, `generate`: greedy (temperature 0) or sampled generation in a
   `lax.while_loop` over the cache (Vaswani et al. 2017, §3.2.3, one position at a time);
-  encoder-decoder models translate `inputs`, decoder-only models continue `prompts`.
+  encoder-decoder models translate `inputs`, decoder-only models continue `prompts`. The
+  self-attention cache starts short and doubles as it fills (`cache_phases`, one loop each).
 - `filter_top_k`, `filter_top_p`, `sample_logits`, `make_choose_fn`: pure sampling helpers
   (top-k: Fan et al. 2018, §5.4; nucleus / top-p: Holtzman et al. 2020, §3.1).
 - `greedy_decode` recomputes the decoder over the whole prefix at every step (O(L^2) work); it
@@ -23,11 +24,15 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from tfjax.nn import losses, positional
+from tfjax.nn.attention import cache as kv_cache
 
 # Filtered-out logits: finite (never -inf) so that softmax and categorical stay NaN-free.
 FILTERED = float(jnp.finfo(jnp.float32).min)
 
 StepFn = Callable[[Array, Array, Any], tuple[Array, Any]]
+
+# Self-attention slots of a decode's first cache (`cache_phases`).
+CACHE_START = 16
 
 
 def after_eos(tokens: Int[Array, "B L"], eos_id: int) -> Bool[Array, "B L"]:
@@ -164,6 +169,35 @@ def first_step(
 # Choosing the next token.
 
 
+# `blocked_top_k` cuts rows of at least 4 k blocks into blocks of this many entries.
+TOP_K_BLOCK = 64
+
+
+def blocked_top_k(
+    x: Float[Array, "B N"], k: int, block: int = TOP_K_BLOCK
+) -> tuple[Float[Array, "B K"], Int[Array, "B K"]]:
+    """`jax.lax.top_k` over the last axis: the same values and indices (ties: lower index first).
+
+    A row of N >= 4 k `block` entries is cut into blocks; the k blocks with the largest
+    maxima (ties: lower block first) hold all of the row's top k, since a block left out has k
+    blocks ranked above it, each holding an entry that ranks above every entry of the left-out
+    block. One max per block and a top-k over those k blocks' entries replace a top-k over the
+    whole row: XLA:CPU's TopK is several times slower than a max-reduction over the same
+    entries (docs/performance.md). Shorter rows, and `block` 0, go to `jax.lax.top_k`.
+    """
+    b, n = x.shape
+    if block == 0 or n < 4 * k * block:
+        return tuple(jax.lax.top_k(x, k))
+    blocks = -(-n // block)
+    x = jnp.pad(x, ((0, 0), (0, blocks * block - n)), constant_values=-jnp.inf)
+    x = x.reshape(b, blocks, block)  # [B, G, block]; padding last, so it loses every tie
+    _, chosen = jax.lax.top_k(jnp.max(x, axis=-1), k)  # [B, k]
+    chosen = jnp.sort(chosen, axis=-1)  # in row order, so index ties break as in the row
+    entries = jnp.take_along_axis(x, chosen[:, :, None], axis=1).reshape(b, k * block)
+    values, at = jax.lax.top_k(entries, k)  # [B, k]
+    return values, jnp.take_along_axis(chosen, at // block, axis=1) * block + at % block
+
+
 def _rank_order(logits: Float[Array, "B V"]) -> tuple[Int[Array, "B V"], Int[Array, "B V"]]:
     """(token ids best first, each token's rank): equal logits rank by index, lower first."""
     order = jnp.argsort(-logits, axis=-1, stable=True)  # [B, V]
@@ -181,7 +215,7 @@ def filter_top_k(logits: Float[Array, "B V"], k: int) -> Float[Array, "B V"]:
     logits = logits.astype(jnp.float32)
     if k == 0 or k >= logits.shape[-1]:
         return logits
-    _, kept = jax.lax.top_k(logits, k)  # [B, k]; lax.top_k takes the lower index among ties
+    _, kept = blocked_top_k(logits, k)  # [B, k]; the lower index among ties
     keep = jnp.zeros(logits.shape, bool).at[jnp.arange(logits.shape[0])[:, None], kept].set(True)
     return jnp.where(keep, logits, FILTERED)
 
@@ -304,6 +338,55 @@ def next_step(step_fn: StepFn, t: Array, max_length: int, token: Array, cache):
     return step_fn(token[:, None], positions, cache)
 
 
+def cache_phases(max_length: int, start: int = CACHE_START) -> tuple[int, ...]:
+    """The self-attention slots of a decode's cache, phase by phase: start, 2 start, 4 start, ...
+    while at most max_length / 2, then max_length (`start` 0: max_length from the start).
+
+    Step t reads (and beam search copies) every slot of the cache, written or not, so a cache of
+    max_length slots from the first step spends most of a decode on empty slots; one that
+    doubles when it fills reads at most twice the written slots. Each phase is its own
+    compiled loop, so short decodes (max_length < 2 start) keep one.
+    """
+    if start < 0:
+        raise ValueError(f"cache start must be >= 0 slots, got {start}")
+    phases, slots = [], start
+    while 0 < slots <= max_length // 2:
+        phases.append(slots)
+        slots *= 2
+    return (*phases, max_length)
+
+
+def while_growing(
+    cond: Callable[[Any], Array],
+    body: Callable[[Any], Any],
+    state: Any,
+    *,
+    grow_to: tuple[int, ...],
+    t_of: Callable[[Any], Array],
+    cache_of: Callable[[Any], Any],
+    with_cache: Callable[[Any, Any], Any],
+) -> Any:
+    """`lax.while_loop(cond, body, state)` over a self-attention cache that grows as it fills.
+
+    Iteration t feeds position t + 1 into the cache (`next_step`), so while the cache has T
+    slots the loop runs while t < T - 1; then the cache grows (`kv_cache.grow`) to the next
+    length of `grow_to` and another loop carries on. After the last growth `cond` alone
+    decides. `t_of`, `cache_of` and `with_cache` read t and the cache from the loop state and
+    put a new cache in it.
+
+    Raises:
+      ValueError: when `grow_to` is not increasing from the cache's slots.
+    """
+    slots = kv_cache.slots(cache_of(state)) if grow_to else None
+    for length in grow_to:
+        if slots is None or length <= slots:
+            raise ValueError(f"cannot grow a cache of {slots} slots to {length}")
+        state = jax.lax.while_loop(lambda s, n=slots: (t_of(s) < n - 1) & cond(s), body, state)
+        state = with_cache(state, kv_cache.grow(cache_of(state), length))
+        slots = length
+    return jax.lax.while_loop(cond, body, state)
+
+
 def decode_loop(
     step_fn: StepFn,
     cache: Any,
@@ -314,12 +397,14 @@ def decode_loop(
     choose: Callable[[Array, Array], Array],
     prompts: Int[Array, "B P"] | None = None,
     prompt_lengths: Int[Array, " B"] | None = None,
+    grow_to: tuple[int, ...] = (),
 ) -> Int[Array, "B L"]:
     """Chooses token t from the logits of position t, feeds it back, until EOS or max_length.
 
     Args:
       step_fn: (tokens [B, 1], positions [B, 1], cache) -> (logits [B, V], cache).
-      cache: the cache after position 0 was fed (see `first_step`).
+      cache: the cache after position 0 was fed (see `first_step`), of max_length slots, or of
+        fewer with `grow_to`.
       logits: [B, V] logits of position 0.
       max_length: L, positions to produce.
       eos_id: a generated EOS finishes its row; later positions are 0.
@@ -327,6 +412,8 @@ def decode_loop(
       prompts: [B, P] forced tokens (P <= L): token t of row b is prompts[b, t] while
         t < prompt_lengths[b] (prompt EOS tokens do not finish a row).
       prompt_lengths: [B] int; defaults to P for every row.
+      grow_to: the self-attention slots the cache grows to as it fills, ending at max_length
+        (`cache_phases` after the first; `while_growing`); () for a cache of max_length slots.
 
     Returns:
       int32 [B, L]: forced and chosen tokens, EOS kept, 0 after it.
@@ -359,7 +446,16 @@ def decode_loop(
     tokens = jnp.zeros((batch, max_length), jnp.int32)
     done = jnp.zeros((batch,), bool)
     state = (jnp.zeros((), jnp.int32), tokens, done, cache, logits)
-    return jax.lax.while_loop(cond, body, state)[1]
+    state = while_growing(
+        cond,
+        body,
+        state,
+        grow_to=grow_to,
+        t_of=lambda state: state[0],
+        cache_of=lambda state: state[3],
+        with_cache=lambda state, cache: (*state[:3], cache, state[4]),
+    )
+    return state[1]
 
 
 def _check_generate_inputs(
@@ -376,13 +472,14 @@ def _start_generation(
     model: nn.Module,
     params: Any,
     *,
-    max_length: int,
+    cache_slots: int,
     bos_id: int | None,
     inputs: Int[Array, "B S"] | None,
     inputs_segment_ids: Int[Array, "B S"] | None,
     prompts: Int[Array, "B P"] | None,
 ) -> tuple[StepFn, Any, Float[Array, "B V"]]:
-    """Encodes the sources (if any) and feeds BOS: (step_fn, cache, logits of position 0).
+    """Encodes the sources (if any) and feeds BOS through a cache of `cache_slots`
+    self-attention slots: (step_fn, cache, logits of position 0).
 
     B is the row count of `inputs` or, for a decoder-only model, of `prompts`; `bos_id` None
     means `model.config.bos_id`.
@@ -393,7 +490,7 @@ def _start_generation(
         model,
         params,
         batch_size=batch,
-        max_length=max_length,
+        max_length=cache_slots,
         bos_id=bos_id,
         inputs=inputs,
         inputs_segment_ids=inputs_segment_ids,
@@ -419,6 +516,7 @@ def generate(
     forbidden_ids: tuple[int, ...] = (),
     force_eos: bool = False,
     lengths: Int[Array, " B"] | None = None,
+    cache_start: int = CACHE_START,
 ) -> Int[Array, "B L"]:
     """Greedy or sampled generation with the KV cache.
 
@@ -441,6 +539,9 @@ def generate(
         lengths[b] (< L) and nowhere before, the model choosing every other token. A decoding
         aid for analyses of length generalisation (Newman et al. 2020, "The EOS Decision and
         Length Extrapolation"): results decoded with it must say so. None = the model decides.
+      cache_start: self-attention cache slots of the first phase, doubling as the cache fills
+        (`cache_phases`; the same tokens for any value); 0 = max_length slots from the start,
+        one compiled loop.
 
     Returns:
       int32 [B, L] token ids, EOS included, 0 after it.
@@ -453,10 +554,11 @@ def generate(
         raise ValueError("lengths (oracle output lengths) is for encoder-decoder models")
     _check_sampling(temperature, top_k, top_p, rng)
     _check_generate_inputs(kind, inputs, prompts)
+    phases = cache_phases(max_length, cache_start)
     step_fn, cache, logits = _start_generation(
         model,
         params,
-        max_length=max_length,
+        cache_slots=phases[0],
         bos_id=bos_id,
         inputs=inputs,
         inputs_segment_ids=inputs_segment_ids,
@@ -484,6 +586,7 @@ def generate(
         choose=choose,
         prompts=prompts,
         prompt_lengths=prompt_lengths,
+        grow_to=phases[1:],
     )
 
 

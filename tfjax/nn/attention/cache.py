@@ -10,11 +10,13 @@ values are written one step at a time. Cross-attention holds "cached_cross_key",
 Under a scanned stack every cache array has a leading layer axis ([num_layers, B, K, S, H],
 "cache_index" [num_layers]); `batch_axis` says where the rows are in either layout.
 
-The array work is pure (`append`, `cached_attention`, `attend_over_cache`); the three functions
-that take the attention module itself (`self_attention_kv`, `cross_attention_kv`,
+The array work is pure (`append`, `grow`, `cached_attention`, `attend_over_cache`); the three
+functions that take the attention module itself (`self_attention_kv`, `cross_attention_kv`,
 `decode_positions`) only move arrays in and out of its "cache" collection and must be called
 from its compact `__call__`.
 """
+
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -43,6 +45,50 @@ def batch_axis(name: str, x: Array) -> int | None:
     Code that tiles or reorders a cache's rows (beam search) finds them here.
     """
     return None if name == "cache_index" else x.ndim - 4
+
+
+def _name(path: tuple) -> str:
+    """The variable name at the end of a pytree path ("" for a bare leaf)."""
+    return str(getattr(path[-1], "key", path[-1])) if path else ""
+
+
+def slots(cache: Any) -> int | None:
+    """T, the self-attention slots of a decoding "cache" collection (its first "cached_key"
+    array's [..., T, H] axis), or None when it holds no self-attention cache."""
+    found = []
+
+    def visit(path, x):
+        if not found and _name(path) == "cached_key":
+            found.append(x.shape[-2])
+
+    jax.tree_util.tree_map_with_path(visit, cache)
+    return found[0] if found else None
+
+
+def grow(cache: Any, length: int) -> Any:
+    """The "cache" collection with `length` self-attention slots: every "cached_key" and
+    "cached_value" array [..., T, H] padded with zeros to [..., length, H]; the written slots,
+    the cross-attention keys and values and "cache_index" are unchanged.
+
+    Slot j holds position j whatever T is (the decoding masks and position biases are built
+    for the cache's own T), so a decode can start with a short cache and grow it when it fills
+    (`decoding.cache_phases`): each step then reads, and beam search copies, only the slots a
+    position can have reached, not max_length of them.
+
+    Raises:
+      ValueError: when `length` is shorter than the cache.
+    """
+
+    def pad(path, x):
+        if _name(path) not in ("cached_key", "cached_value"):
+            return x
+        if length < x.shape[-2]:
+            raise ValueError(f"cannot grow a cache of {x.shape[-2]} slots to {length}")
+        widths = [(0, 0)] * x.ndim
+        widths[-2] = (0, length - x.shape[-2])
+        return jnp.pad(x, widths)
+
+    return jax.tree_util.tree_map_with_path(pad, cache)
 
 
 def _seq_major_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
