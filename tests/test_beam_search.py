@@ -67,9 +67,9 @@ def test_beam_size_1_without_length_penalty_is_greedy():
     np.testing.assert_array_equal(seqs[:, 0], greedy)
 
 
-@pytest.mark.parametrize("cache_start", [decoding.CACHE_START, 1])
+@pytest.mark.parametrize("cache_start", [0, 1])
 def test_beam_search_scores_are_the_models_sorted_and_never_below_greedy(cache_start):
-    # CACHE_START: one loop over 8 slots; 1: the cache grows 1, 2, 4, 8 slots, reordered in each.
+    # 0: one loop over 8 slots; 1: the cache grows 1, 2, 4, 8 slots, reordered in each.
     model, params, eos = _setup()
     alpha = 0.6
     seqs, scores = _beam(

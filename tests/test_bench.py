@@ -13,6 +13,7 @@ import sys
 
 import jax
 import jax.extend
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl import flags
@@ -78,6 +79,35 @@ def test_check_peer_needs_the_train_bench():
 def test_check_options_rejects_unknown_benches_and_no_warmup(benches, warmup, match):
     with pytest.raises(cli.UsageError, match=match):
         suite.check_options(benches, "", warmup)
+
+
+def test_a_negative_cache_start_is_a_usage_error():
+    with pytest.raises(cli.UsageError, match="cache_start=-1"):
+        next(
+            suite.run(
+                ["decode"],
+                shape_name="base",
+                batch=2,
+                dtype="float32",
+                repeats=1,
+                warmup=1,
+                cache_start=-1,
+            )
+        )
+
+
+@pytest.mark.parametrize("cache_start, loops", [(0, 1), (2, 3)])
+def test_the_decode_bench_passes_cache_start_to_both_cached_decoders(cache_start, loops):
+    # target_len 8: cache_start 2 decodes over caches of 2, 4 and 8 slots, one loop each.
+    shape = {**TINY, "target_len": 8}
+    model = workload.create_model("float32", shape)
+    data = workload.random_batch(2, shape)
+    params = jax.eval_shape(model.init, jax.random.key(0), data["inputs"], data["targets"])
+    src, seg = jnp.asarray(data["inputs"]), jnp.asarray(data["inputs_segment_ids"])
+    variants = decode._variants(model, src, seg, 8, cache_start)
+    for name in ("greedy_cached", "beam4"):
+        jaxpr = jax.make_jaxpr(variants[name])(params["params"])
+        assert str(jaxpr).count("while[") == loops, name
 
 
 def test_importing_the_command_line_defines_no_flags():

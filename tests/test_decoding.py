@@ -247,9 +247,9 @@ def _greedy_reference():
     return raw, int(raw[0, 3])
 
 
-@pytest.mark.parametrize("cache_start", [decoding.CACHE_START, 1, 3])
+@pytest.mark.parametrize("cache_start", [0, 1, 3])
 def test_cached_greedy_equals_uncached_greedy_with_padded_sources(cache_start):
-    # CACHE_START: one loop over 8 slots; 1: slots 1, 2, 4, 8; 3: slots 3, 8.
+    # 0: one loop over 8 slots; 1: slots 1, 2, 4, 8; 3: slots 3, 8.
     model, params = _model()
     raw, eos = _greedy_reference()
     # greedy_decode masks after EOS at the end, so masking `raw` equals calling it with `eos`.
@@ -332,7 +332,7 @@ def _uncached_lm_greedy(model, params, prompt, max_length, eos):
     return buf[0]
 
 
-@pytest.mark.parametrize("cache_start", [decoding.CACHE_START, 2])
+@pytest.mark.parametrize("cache_start", [0, 2])
 def test_decoder_only_prompts_of_different_lengths_equal_uncached_rows(cache_start):
     # cache_start 2: slots 2, 4, 10, so the prompt of row 0 fills two caches.
     model, params = _model("decoder_only", positional="rotary")

@@ -83,6 +83,12 @@ def _define_flags() -> None:
         "After the timed steps, trace 3 more tfjax train steps with jax.profiler into this "
         "folder (a Perfetto trace; `python -m experiments.bench.profile DIR` summarises it).",
     )
+    flags.DEFINE_integer(
+        "cache_start",
+        0,
+        "decode: the self-attention cache's first size, doubling as it fills "
+        "(tfjax.inference.decoding.cache_phases); 0 = one cache of target_len slots.",
+    )
     flags.DEFINE_string(
         "peer", "", f"Framework timed beside tfjax in `train`: '' or one of {suite.PEERS}."
     )
@@ -118,6 +124,7 @@ def main(argv):
         trace_dir=FLAGS.trace_dir,
         residual_impl=FLAGS.residual_impl,
         positions=FLAGS.positions,
+        cache_start=FLAGS.cache_start,
     )
     for result in results:
         print(json.dumps(result), flush=True)

@@ -23,13 +23,21 @@ NO_EOS = -1  # never produced: every variant generates exactly `target_len` toke
 BEAM_SIZE = 4
 
 
-def _variants(model: nn.Module, src: jax.Array, seg: jax.Array, length: int) -> dict[str, Callable]:
+def _variants(
+    model: nn.Module, src: jax.Array, seg: jax.Array, length: int, cache_start: int = 0
+) -> dict[str, Callable]:
     """name -> jitted `fn(params)` decoding the sources `src` [B, S] (segment ids `seg` [B, S],
-    int32) to `length` tokens each."""
+    int32) to `length` tokens each; the cached decoders take `cache_start`."""
     return {
         "greedy_cached": jax.jit(
             lambda p: decoding.generate(
-                model, p, inputs=src, inputs_segment_ids=seg, max_length=length, eos_id=NO_EOS
+                model,
+                p,
+                inputs=src,
+                inputs_segment_ids=seg,
+                max_length=length,
+                eos_id=NO_EOS,
+                cache_start=cache_start,
             )
         ),
         "greedy_uncached": jax.jit(
@@ -46,6 +54,7 @@ def _variants(model: nn.Module, src: jax.Array, seg: jax.Array, length: int) -> 
                 beam_size=BEAM_SIZE,
                 max_length=length,
                 eos_id=NO_EOS,
+                cache_start=cache_start,
             )
         ),
     }
@@ -58,15 +67,17 @@ def bench_decode(
     shape: dict = workload.SHAPE,
     warmup: int = 1,
     peer: str = "",
+    cache_start: int = 0,
 ) -> dict:
-    """Generated tokens/s and compile time of each decoder (see the module docstring)."""
+    """Generated tokens/s and compile time of each decoder (see the module docstring);
+    `cache_start` as in `decoding.generate` (0: one cache of target_len slots)."""
     model = workload.create_model(dtype, shape)
     data = workload.random_batch(batch, shape)
     params = jax.jit(model.init)(jax.random.key(0), data["inputs"], data["targets"])["params"]
     length = shape["target_len"]
     src, seg = jnp.asarray(data["inputs"]), jnp.asarray(data["inputs_segment_ids"])
-    variants = _variants(model, src, seg, length)
-    out = {"bench": "decode", "generated_tokens": batch * length}
+    variants = _variants(model, src, seg, length, cache_start)
+    out = {"bench": "decode", "generated_tokens": batch * length, "cache_start": cache_start}
     for name, fn in variants.items():
         first, times = timing.time_calls(lambda fn=fn: fn(params), repeats, warmup)
         out[name] = {

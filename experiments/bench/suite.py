@@ -75,6 +75,7 @@ def run(
     trace_dir: str | None = None,
     residual_impl: str = "xla",
     positions: bool = False,
+    cache_start: int = 0,
 ) -> Iterator[dict]:
     """Runs `benches` in order, yielding each one's result as soon as it is complete.
 
@@ -87,8 +88,11 @@ def run(
       peer, attention_impl, peak_flops, prng_impl, flatten_optimizer, trace_dir,
         residual_impl, positions: options of `train.bench_train`.
       dropout: the models' dropout rate, both sides (None: the shape's).
+      cache_start: the decode bench's `decoding.generate` / `beam_search` option.
     """
     model_shape = workload.SHAPES[shape_name]
+    if cache_start < 0:
+        raise cli.UsageError(f"--cache_start={cache_start}: expected 0 (off) or a slot count")
     if dropout is not None:
         if not 0.0 <= dropout < 1.0:
             raise cli.UsageError(f"--dropout={dropout}: expected a rate in [0, 1)")
@@ -114,7 +118,9 @@ def run(
             positions=positions,
             **common,
         ),
-        "decode": functools.partial(decode.bench_decode, peer=peer, **common),
+        "decode": functools.partial(
+            decode.bench_decode, peer=peer, cache_start=cache_start, **common
+        ),
         "attention": functools.partial(attention.bench_attention, warmup=warmup),
         "depth": lambda repeats, _, dtype: depth.bench_depth(
             repeats, requested_batch, dtype, warmup=warmup

@@ -21,9 +21,9 @@ the last position EOS (`forced_eos_token_id`).
 
 |Y| counts the generated tokens, EOS included (BOS excluded). The encoder runs once per source;
 the self-attention cache is tiled to the W beams of the source (rows b * W + i), and every step
-reorders it along the batch axis to follow the surviving beams; it starts short and doubles as
-it fills (`decoding.cache_phases`), so the reorder copies about the written slots only. The
-cross-attention keys and values stay one row per source, read by its W beams together.
+reorders it along the batch axis to follow the surviving beams (with `cache_start`, a cache
+that starts short and doubles as it fills). The cross-attention keys and values stay one row
+per source, read by its W beams together.
 """
 
 from typing import Any, NamedTuple
@@ -318,7 +318,7 @@ def beam_search(
     stopping: str = "bound",
     forbidden_ids: tuple[int, ...] = (),
     force_eos: bool = False,
-    cache_start: int = decoding.CACHE_START,
+    cache_start: int = 0,
 ) -> tuple[Int[Array, "B n L"], Float[Array, "B n"]]:
     """Beam search translation with an encoder-decoder model and the KV cache.
 
@@ -336,9 +336,9 @@ def beam_search(
         "heuristic" (Hugging Face's `early_stopping=False`; see the module docstring).
       forbidden_ids: tokens never generated (Hugging Face's single-token `bad_words_ids`).
       force_eos: the last position (L - 1) is EOS (Hugging Face's `forced_eos_token_id`).
-      cache_start: self-attention cache slots of the first phase, doubling as the cache fills
-        (`decoding.cache_phases`; the same hypotheses for any value); 0 = max_length slots
-        from the start, one compiled loop.
+      cache_start: 0 = one self-attention cache of max_length slots (one compiled loop); > 0:
+        it starts with that many slots and doubles as it fills (`decoding.cache_phases`; the
+        same hypotheses), so the per-step reorder copies about the written slots only.
 
     Returns:
       (int32 [B, n, L] hypotheses, float32 [B, n] scores log P(Y|X) / lp(|Y|)), finished

@@ -4,8 +4,9 @@
   cached step; the encoder runs and its keys/values are projected once per source.
 - `decode_loop`, `generate`: greedy (temperature 0) or sampled generation in a
   `lax.while_loop` over the cache (Vaswani et al. 2017, §3.2.3, one position at a time);
-  encoder-decoder models translate `inputs`, decoder-only models continue `prompts`. The
-  self-attention cache starts short and doubles as it fills (`cache_phases`, one loop each).
+  encoder-decoder models translate `inputs`, decoder-only models continue `prompts`; with
+  `cache_start` the self-attention cache starts short and doubles as it fills
+  (`cache_phases`, one loop per size).
 - `filter_top_k`, `filter_top_p`, `sample_logits`, `make_choose_fn`: pure sampling helpers
   (top-k: Fan et al. 2018, §5.4; nucleus / top-p: Holtzman et al. 2020, §3.1).
 - `greedy_decode` recomputes the decoder over the whole prefix at every step (O(L^2) work); it
@@ -30,9 +31,6 @@ from tfjax.nn.attention import cache as kv_cache
 FILTERED = float(jnp.finfo(jnp.float32).min)
 
 StepFn = Callable[[Array, Array, Any], tuple[Array, Any]]
-
-# Self-attention slots of a decode's first cache (`cache_phases`).
-CACHE_START = 16
 
 
 def after_eos(tokens: Int[Array, "B L"], eos_id: int) -> Bool[Array, "B L"]:
@@ -338,14 +336,16 @@ def next_step(step_fn: StepFn, t: Array, max_length: int, token: Array, cache):
     return step_fn(token[:, None], positions, cache)
 
 
-def cache_phases(max_length: int, start: int = CACHE_START) -> tuple[int, ...]:
+def cache_phases(max_length: int, start: int) -> tuple[int, ...]:
     """The self-attention slots of a decode's cache, phase by phase: start, 2 start, 4 start, ...
     while at most max_length / 2, then max_length (`start` 0: max_length from the start).
 
     Step t reads (and beam search copies) every slot of the cache, written or not, so a cache of
-    max_length slots from the first step spends most of a decode on empty slots; one that
-    doubles when it fills reads at most twice the written slots. Each phase is its own
-    compiled loop, so short decodes (max_length < 2 start) keep one.
+    max_length slots from the first step spends much of a long decode on empty slots; one that
+    doubles when it fills reads at most twice the written slots. But each phase is its own
+    loop to trace and compile, which costs more than it saves unless the compiled decoder runs
+    many times over long outputs (docs/performance.md); short decodes (max_length < 2 start)
+    keep one loop.
     """
     if start < 0:
         raise ValueError(f"cache start must be >= 0 slots, got {start}")
@@ -516,7 +516,7 @@ def generate(
     forbidden_ids: tuple[int, ...] = (),
     force_eos: bool = False,
     lengths: Int[Array, " B"] | None = None,
-    cache_start: int = CACHE_START,
+    cache_start: int = 0,
 ) -> Int[Array, "B L"]:
     """Greedy or sampled generation with the KV cache.
 
@@ -539,9 +539,9 @@ def generate(
         lengths[b] (< L) and nowhere before, the model choosing every other token. A decoding
         aid for analyses of length generalisation (Newman et al. 2020, "The EOS Decision and
         Length Extrapolation"): results decoded with it must say so. None = the model decides.
-      cache_start: self-attention cache slots of the first phase, doubling as the cache fills
-        (`cache_phases`; the same tokens for any value); 0 = max_length slots from the start,
-        one compiled loop.
+      cache_start: 0 = one self-attention cache of max_length slots (one compiled loop); > 0:
+        the cache starts with that many slots and doubles as it fills (`cache_phases`, one loop
+        per size; the same tokens), for a compiled decoder that runs many long decodes.
 
     Returns:
       int32 [B, L] token ids, EOS included, 0 after it.
