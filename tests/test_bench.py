@@ -81,21 +81,6 @@ def test_check_options_rejects_unknown_benches_and_no_warmup(benches, warmup, ma
         suite.check_options(benches, "", warmup)
 
 
-def test_a_negative_cache_start_is_a_usage_error():
-    with pytest.raises(cli.UsageError, match="cache_start=-1"):
-        next(
-            suite.run(
-                ["decode"],
-                shape_name="base",
-                batch=2,
-                dtype="float32",
-                repeats=1,
-                warmup=1,
-                cache_start=-1,
-            )
-        )
-
-
 @pytest.mark.parametrize("cache_start, loops", [(0, 1), (2, 3)])
 def test_the_decode_bench_passes_cache_start_to_both_cached_decoders(cache_start, loops):
     # target_len 8: cache_start 2 decodes over caches of 2, 4 and 8 slots, one loop each.

@@ -150,16 +150,20 @@ def test_flattened_adam_makes_the_same_update():
     np.testing.assert_allclose(a["grad_norm"], b["grad_norm"], rtol=1e-4)
 
 
-def test_suite_rejects_a_dropout_rate_outside_0_1():
-    with pytest.raises(cli.UsageError, match=r"--dropout=1\.0"):
+@pytest.mark.parametrize(
+    "bench, option, match",
+    [("train", {"dropout": 1.0}, r"--dropout=1\.0"), ("decode", {"cache_start": -1}, "=-1")],
+)
+def test_suite_rejects_a_dropout_rate_outside_0_1_and_a_negative_cache_start(bench, option, match):
+    with pytest.raises(cli.UsageError, match=match):
         next(
             suite.run(
-                ["train"],
+                [bench],
                 shape_name="base",
                 batch=2,
                 dtype="float32",
                 repeats=1,
                 warmup=1,
-                dropout=1.0,
+                **option,
             )
         )
