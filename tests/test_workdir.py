@@ -20,6 +20,7 @@ from tiny_runs import REVERSE
 
 from experiments import config_utils
 from tfjax.data import datasets, tokenizers
+from tfjax.inference import decoding
 from tfjax.runs import evaluator, trainer, workdir
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -235,6 +236,20 @@ def test_generate_batches_prompts_of_different_lengths(trained, name):
         generator.generate([too_long], max_length=1000)
     with pytest.raises(workdir.WorkdirError, match="top_p"):
         generator.generate(prompts, top_p=0.0)
+
+
+def test_generator_compiles_once_for_calls_of_the_same_shape(trained, monkeypatch):
+    generator = workdir.load(trained("lm_word"))
+    traces = []
+    generate = decoding.generate
+    monkeypatch.setattr(decoding, "generate", lambda *a, **k: traces.append(1) or generate(*a, **k))
+    length = generator.config.data.max_target_len - 1  # a program no other test compiled
+    first, _ = generator.generate(["s1 s2 |"], max_length=length, temperature=0.5, seed=1)
+    again, _ = generator.generate(["s1 s2 |"], max_length=length, temperature=0.5, seed=1)
+    generator.generate(["s2 s3 |"], max_length=length, temperature=0.5, seed=2)  # new rng only
+    assert again == first and len(traces) == 1  # one trace, then the compiled program
+    generator.generate(["s2 s3 |"], max_length=length, temperature=0.7, seed=2)
+    assert len(traces) == 2  # another temperature is another program
 
 
 # ---------------------------------------------------------------------------------------------

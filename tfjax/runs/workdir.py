@@ -18,11 +18,13 @@ what is wrong and what to run instead.
 """
 
 import dataclasses
+import functools
 import json
 import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from tfjax import errors
@@ -347,6 +349,41 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
         raise WorkdirError("; ".join(p for p in problems if p))
 
 
+@functools.partial(
+    jax.jit, static_argnames=("model", "eos_id", "bos_id", "max_length", "trained", "sampling")
+)
+def _continue(
+    model, params, tokens, lengths, rng, *, eos_id, bos_id, max_length, trained, sampling
+):
+    """`Generator.decode`'s program, jitted once per model, shapes and options (`sampling`: the
+    (name, value) pairs of temperature, top_k, top_p): [B, max_length] ids."""
+    sampling = dict(sampling)
+    cached_length = min(max_length, trained)
+    generated = decoding.generate(
+        model,
+        params,
+        prompts=tokens,
+        prompt_lengths=lengths,
+        rng=rng,
+        eos_id=eos_id,
+        bos_id=bos_id,
+        max_length=cached_length,
+        **sampling,
+    )  # [B, L]: prompt + continuation, 0 after EOS
+    if max_length == cached_length:
+        return generated
+    return decoding.generate_sliding(
+        model,
+        params,
+        generated,
+        max_length=max_length,
+        context=trained - 1,
+        eos_id=eos_id,
+        rng=rng,
+        **sampling,
+    )  # generate folds in steps t < cached_length, this one t >= it
+
+
 class Generator(Trained):
     """A decoder-only run: `generate` continuations, or `encode` / `decode` / `detokenize`."""
 
@@ -398,41 +435,22 @@ class Generator(Trained):
 
         Up to the trained length (`data.max_target_len`) decoding is KV-cached; past it each
         token is predicted from BOS and the last `max_target_len - 1` tokens, recomputed without
-        a cache (`decoding.generate_sliding`), as nanoGPT samples past its block size.
+        a cache (`decoding.generate_sliding`), as nanoGPT samples past its block size. Calls
+        with the same shapes and options reuse one compiled program (`_continue`).
         """
-        import jax
-
-        trained = self.config.data.max_target_len
-        cached_length = min(max_length, trained)
-        model, eos, bos = self.run.model, self.tokenizer.eos_id, self.run.model_config.bos_id
-
-        def run(params, tokens, lengths, rng):
-            generated = decoding.generate(
-                model,
-                params,
-                prompts=tokens,
-                prompt_lengths=lengths,
-                rng=rng,
-                eos_id=eos,
-                bos_id=bos,
-                max_length=cached_length,
-                **sampling,
-            )  # [B, L]: prompt + continuation, 0 after EOS
-            if max_length == cached_length:
-                return generated
-            return decoding.generate_sliding(
-                model,
-                params,
-                generated,
-                max_length=max_length,
-                context=trained - 1,
-                eos_id=eos,
-                rng=rng,
-                **sampling,
-            )  # generate folds in steps t < cached_length, this one t >= it
-
-        rng = jax.random.key(seed)
-        return np.asarray(jax.device_get(jax.jit(run)(self.params, tokens, lengths, rng)))
+        generated = _continue(
+            self.run.model,
+            self.params,
+            tokens,
+            lengths,
+            jax.random.key(seed),
+            eos_id=self.tokenizer.eos_id,
+            bos_id=self.run.model_config.bos_id,
+            max_length=max_length,
+            trained=self.config.data.max_target_len,
+            sampling=tuple(sorted(sampling.items())),
+        )
+        return np.asarray(jax.device_get(generated))
 
     def generate(
         self,
