@@ -86,12 +86,13 @@ def _cached_and_full_logits(model, params, inputs, targets, slots=()):
             return cache, logits
 
         rest = []
-        for start, end in zip((1, *sizes[:-1]), sizes, strict=True):
+        for i, end in enumerate(sizes):
             assert kv_cache.slots(cache) == end
+            start = sizes[i - 1] if i else 1
             cache, logits_part = jax.lax.scan(step, cache, jnp.arange(start, end))
             rest.append(logits_part)  # [end - start, B, V]
             if end < length:
-                cache = kv_cache.grow(cache, sizes[sizes.index(end) + 1])
+                cache = kv_cache.grow(cache, sizes[i + 1])
         rest = jnp.concatenate(rest, axis=0)  # [L - 1, B, V]
         cached = jnp.concatenate([logits[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)
         args = (targets,) if inputs is None else (inputs, targets)

@@ -96,7 +96,7 @@ def _map_beam_rows(fn, cache: Any) -> Any:
     """
 
     def apply(path, x):
-        name = str(getattr(path[-1], "key", path[-1]))
+        name = kv_cache.variable_name(path)
         axis = kv_cache.batch_axis(name, x)
         return x if axis is None or name.startswith("cached_cross_") else fn(x, axis)
 

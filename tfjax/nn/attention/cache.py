@@ -47,8 +47,9 @@ def batch_axis(name: str, x: Array) -> int | None:
     return None if name == "cache_index" else x.ndim - 4
 
 
-def _name(path: tuple) -> str:
-    """The variable name at the end of a pytree path ("" for a bare leaf)."""
+def variable_name(path: tuple) -> str:
+    """The variable name at the end of a pytree path into a "cache" collection ("" for a bare
+    leaf): "cached_key", "cache_index", ..."""
     return str(getattr(path[-1], "key", path[-1])) if path else ""
 
 
@@ -58,7 +59,7 @@ def slots(cache: Any) -> int | None:
     found = []
 
     def visit(path, x):
-        if not found and _name(path) == "cached_key":
+        if not found and variable_name(path) == "cached_key":
             found.append(x.shape[-2])
 
     jax.tree_util.tree_map_with_path(visit, cache)
@@ -80,7 +81,7 @@ def grow(cache: Any, length: int) -> Any:
     """
 
     def pad(path, x):
-        if _name(path) not in ("cached_key", "cached_value"):
+        if variable_name(path) not in ("cached_key", "cached_value"):
             return x
         if length < x.shape[-2]:
             raise ValueError(f"cannot grow a cache of {x.shape[-2]} slots to {length}")
