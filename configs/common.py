@@ -36,6 +36,9 @@ TINY = {
     "train.log_every_steps": 2,
     "train.eval_every_steps": 4,
     "train.checkpoint_every_steps": 4,
+    # A few batches, not the whole split: decoding and scoring SCAN's 4,182 test commands was
+    # most of a tiny run (docs/tests.md).
+    "train.final_eval_examples": 64,
 }
 
 
