@@ -9,6 +9,7 @@ subprocesses, those that race a signal marked slow.
 """
 
 import functools
+import gc
 import hashlib
 import io
 import logging
@@ -312,6 +313,37 @@ def test_sigterm_before_the_first_step_stops_with_one_line(
     assert _digest(path) == before  # nothing written, nothing lost
     with lock.held(path):  # released
         pass
+
+
+def test_an_early_sigterm_swallowed_where_it_landed_still_stops_before_the_first_step(
+    tmp_path, monkeypatch, caplog, sigterm_kills
+):
+    """The handler runs wherever the main thread is; in a garbage-collector callback (as JAX's)
+    Python prints its exception and goes on, and the run once trained to the end."""
+    swallowed = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: swallowed.append(info.exc_type))
+    original = build.build
+
+    def build_with_sigterm_in_a_gc_callback(*args, **kwargs):
+        def deliver(phase, info):
+            if phase == "start" and not swallowed:
+                signal.raise_signal(signal.SIGTERM)
+
+        gc.callbacks.append(deliver)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(deliver)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(build, "build", build_with_sigterm_in_a_gc_callback)
+    config = config_utils.load_config("configs/base.py:tiny", [*REVERSE, "train.num_train_steps=4"])
+    with caplog.at_level(logging.WARNING, logger="tfjax"):
+        assert trainer.train_and_evaluate(config, tmp_path / "run") == {}
+    assert swallowed == [trainer.Terminated]
+    stopped = [r.getMessage() for r in caplog.records if "SIGTERM" in r.getMessage()]
+    assert len(stopped) == 1 and "stopped by SIGTERM before the first step" in stopped[0]
+    assert build.saved_steps(tmp_path / "run") == []
 
 
 @pytest.mark.slow

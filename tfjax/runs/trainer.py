@@ -119,11 +119,20 @@ class Preemption:
         return self.requested
 
     def start(self) -> None:
-        """The loop begins: from now on a SIGTERM saves a checkpoint and stops."""
+        """The loop begins: from now on a SIGTERM saves a checkpoint and stops.
+
+        Raises:
+          Terminated: when a SIGTERM came earlier but its `Terminated` never got out. The handler
+            runs wherever the main thread is, and where that is a garbage-collector callback
+            (JAX registers one) or a `__del__`, Python prints the exception and goes on.
+        """
+        if self.requested:
+            raise Terminated
         self.started = True
 
     def _handle(self, signum, frame):
         if not self.started:
+            self.requested = True  # for `start`, should the exception be swallowed
             raise Terminated
         log.warning("SIGTERM received: saving a checkpoint and stopping")
         self.requested = True
