@@ -3,6 +3,7 @@
 XLA_FLAGS must be set before jax is imported anywhere, which is why it lives here.
 """
 
+import gc
 import os
 import subprocess
 import sys
@@ -77,6 +78,22 @@ def _checked_modules() -> list[str]:
 
 
 install_import_hook(_checked_modules(), "beartype.beartype")
+
+
+def _freeze_survivors(phase: str, info: dict) -> None:
+    """After each full garbage collection, moves what survived out of later ones (`gc.freeze`).
+
+    A suite worker's heap grows to hold every module, jaxpr and executable of the tests it ran,
+    and a full collection scanned all of it (up to ~1.3 s; test_checkpointing collects after
+    each of its tests). In one default-tier run the collector took 21-27 s of each worker's
+    time, 17-22 s of it in full collections; with this, 5.5-6.6 s and 1.9-2.3 s. The price:
+    reference cycles among frozen objects are never freed, which a test process does not feel.
+    """
+    if phase == "stop" and info["generation"] == 2:
+        gc.freeze()
+
+
+gc.callbacks.append(_freeze_survivors)
 
 
 def _data_dir() -> pathlib.Path | None:
