@@ -859,6 +859,14 @@ MUTATIONS = [
         "tests/test_host.py::test_cpu_unless_tpu_needs_libtpu_alone_and_no_tpu_device",
     ),
     M(
+        "early-sigterm-swallowed-trains-on",
+        "tfjax/runs/trainer.py",
+        "        if self.requested:\n            raise Terminated\n        self.started = True",
+        "        self.started = True",
+        "tests/test_bad_input.py::"
+        "test_an_early_sigterm_swallowed_where_it_landed_still_stops_before_the_first_step",
+    ),
+    M(
         "final-eval-examples-ignored",
         "tfjax/runs/trainer.py",
         "                max_examples=config.train.final_eval_examples,",
