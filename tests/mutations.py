@@ -572,8 +572,8 @@ MUTATIONS = [
     M(
         "growing-cache-overfilled",
         "tfjax/inference/decoding.py",
-        "(t_of(s) < n - 1)",
         "(t_of(s) < n)",
+        "(t_of(s) < n + 1)",
         "tests/test_decoding.py",
         "tests/test_beam_search.py",
         "-k",
@@ -905,6 +905,24 @@ MUTATIONS = [
         "tests/test_beam_search.py",
         "-k",
         "shares_the_cross_attention",
+    ),
+    M(
+        "beam-cache-reorder-skipped",
+        "tfjax/inference/beam_search.py",
+        "    cache = reorder_cache(state.cache, state.parent)\n",
+        "    cache = state.cache\n",
+        "tests/test_beam_search.py",
+    ),
+    M(
+        "prefill-without-the-encoder",
+        "tfjax/inference/decoding.py",
+        "        encoded=encoded,\n"
+        "        inputs_segment_ids=inputs_segment_ids,\n    )\n    return state",
+        "        encoded=jnp.zeros_like(encoded),\n"
+        "        inputs_segment_ids=inputs_segment_ids,\n    )\n    return state",
+        "tests/test_decoding.py",
+        "-k",
+        "cached_greedy_equals_uncached",
     ),
     M(
         "beam-cross-cache-read-by-beam-0-only",

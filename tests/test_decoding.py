@@ -518,7 +518,8 @@ def test_sampled_frequencies_follow_the_renormalised_distribution(temperature, t
 
 
 def test_decode_loop_stops_at_eos_and_pads_finished_rows():
-    # Stub model: the logits of position t are fixed; row 0 says EOS (2) at t = 1, row 1 at t = 3.
+    # Stub model: the logits of position t (the token fed there is ignored) are fixed; row 0 says
+    # EOS (2) at t = 1, row 1 at t = 3.
     wanted = jnp.array([[5, 2, 7, 8, 9], [6, 7, 8, 2, 9]], jnp.int32)  # [B, T]
     table = jax.nn.one_hot(wanted.T, 10) * 10.0  # [T, B, V]
 
@@ -528,7 +529,7 @@ def test_decode_loop_stops_at_eos_and_pads_finished_rows():
     out = decoding.decode_loop(
         step_fn,
         jnp.zeros((), jnp.int32),
-        table[0],
+        jnp.ones(2, jnp.int32),  # BOS, fed at position 0
         max_length=5,
         eos_id=2,
         choose=lambda logits, t: jnp.argmax(logits, -1),
@@ -537,7 +538,7 @@ def test_decode_loop_stops_at_eos_and_pads_finished_rows():
     forced = decoding.decode_loop(
         step_fn,
         jnp.zeros((), jnp.int32),
-        table[0],
+        jnp.ones(2, jnp.int32),  # BOS, fed at position 0
         max_length=5,
         eos_id=2,
         choose=lambda logits, t: jnp.argmax(logits, -1),

@@ -77,8 +77,10 @@ class BeamState(NamedTuple):
     finished_scores: Float[Array, "B W"]  # log-prob / lp(|Y|), sorted, best first
     finished_flags: Bool[Array, "B W"]  # False: an empty slot (score NEG)
     cache: Any  # rows b * W + i
-    logits: Float[Array, "BW V"]  # next-token logits of every alive beam
+    logits: Float[Array, "BW V"] | None  # next-token logits of every beam (inside a step only)
     done: Bool[Array, " B"] | None = None  # stopping="heuristic": rows that take no more
+    previous: Int[Array, " BW"] | None = None  # each beam's last token, fed at position t
+    parent: Int[Array, "B W"] | None = None  # the beam each one extends: the cache rows to take
 
 
 def _gather(x: Array, indices: Array) -> Array:
@@ -241,9 +243,14 @@ def _check_options(beam_size: int, rules: Rules, num_return: int) -> None:
         raise ValueError(f"alpha must be >= 0 (the stopping bound needs it), got {rules.alpha}")
 
 
-def _initial_state(logits: Array, cache: Any, beam_size: int, max_length: int) -> BeamState:
-    """W copies of each source's first step; only beam 0 is alive (the others are NEG)."""
-    b, w = logits.shape[0], beam_size
+def _initial_state(
+    cache: Any, bos_id: int, batch_size: int, beam_size: int, max_length: int
+) -> BeamState:
+    """W beams per source, each about to be fed BOS; only beam 0 is alive (the others are NEG).
+
+    `cache` holds B rows (`decoding.prefill`); its self-attention arrays are tiled to B * W.
+    """
+    b, w = batch_size, beam_size
     alive_log_probs = jnp.where(jnp.arange(w) == 0, 0.0, NEG)  # [W]
     return BeamState(
         t=jnp.zeros((), jnp.int32),
@@ -253,8 +260,10 @@ def _initial_state(logits: Array, cache: Any, beam_size: int, max_length: int) -
         finished_scores=jnp.full((b, w), NEG, jnp.float32),
         finished_flags=jnp.zeros((b, w), bool),
         cache=_tile_cache(cache, w),
-        logits=_tile(logits, w),  # [B * W, V]
+        logits=None,
         done=jnp.zeros((b,), bool),
+        previous=jnp.full((b * w,), bos_id, jnp.int32),
+        parent=jnp.broadcast_to(jnp.arange(w, dtype=jnp.int32), (b, w)),
     )
 
 
@@ -269,7 +278,8 @@ def _start_search(
     bos_id: int | None,
     cache_slots: int | None = None,
 ) -> tuple[BeamState, decoding.StepFn]:
-    """Encodes each source once and feeds BOS, then tiles the result to W beams per source.
+    """Encodes each source once into a fresh cache (`decoding.prefill`), tiled to W beams per
+    source, each about to be fed BOS at position 0.
 
     The self-attention cache gets `cache_slots` slots (None: max_length).
 
@@ -277,29 +287,33 @@ def _start_search(
       (the initial `BeamState`, step_fn over the B * W beams (rows b * W + i)).
     """
     bos_id = model.config.bos_id if bos_id is None else bos_id
-    logits, cache = decoding.first_step(
+    cache = decoding.prefill(
         model,
         params,
         batch_size=inputs.shape[0],
         max_length=max_length if cache_slots is None else cache_slots,
-        bos_id=bos_id,
         inputs=inputs,
         inputs_segment_ids=inputs_segment_ids,
     )
     beam_segment_ids = None if inputs_segment_ids is None else _tile(inputs_segment_ids, beam_size)
     step_fn = decoding.make_step_fn(model, params, beam_segment_ids)
-    return _initial_state(logits, cache, beam_size, max_length), step_fn
+    state = _initial_state(cache, bos_id, inputs.shape[0], beam_size, max_length)
+    return state, step_fn
 
 
-def _advance(
-    state: BeamState, step_fn: decoding.StepFn, *, eos_id: int, rules: Rules, max_length: int
-) -> BeamState:
-    """One loop iteration: `beam_step`, then the kept tokens through the reordered cache."""
-    state, parent, token = beam_step(state, eos_id=eos_id, rules=rules)
-    cache = reorder_cache(state.cache, parent)
-    t = state.t - 1  # the step just taken (beam_step has counted it)
-    logits, cache = decoding.next_step(step_fn, t, max_length, token.reshape(-1), cache)
-    return state._replace(cache=cache, logits=logits)
+def _advance(state: BeamState, step_fn: decoding.StepFn, *, eos_id: int, rules: Rules) -> BeamState:
+    """One loop iteration: the cache reordered to the beams kept last (at t = 0 each its own),
+    each beam's last token fed through it at position t, then `beam_step` on the logits.
+
+    Reordering just before the step, not after `beam_step`, lets XLA fuse the reorder with the
+    step's cache append (one pass over the cache, not a gather and a copy of the loop state).
+    """
+    cache = reorder_cache(state.cache, state.parent)
+    logits, cache = decoding.feed(step_fn, state.t, state.previous, cache)
+    state, parent, token = beam_step(
+        state._replace(logits=logits, cache=cache), eos_id=eos_id, rules=rules
+    )
+    return state._replace(logits=None, previous=token.reshape(-1), parent=parent)
 
 
 def beam_search(
@@ -365,7 +379,7 @@ def beam_search(
         lambda state: should_continue(
             state, max_length=max_length, alpha=alpha, penalty=penalty, stopping=stopping
         ),
-        lambda state: _advance(state, step_fn, eos_id=eos_id, rules=rules, max_length=max_length),
+        lambda state: _advance(state, step_fn, eos_id=eos_id, rules=rules),
         state,
         grow_to=phases[1:],
         t_of=lambda state: state.t,

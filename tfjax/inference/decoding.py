@@ -1,7 +1,8 @@
 """Autoregressive decoding: KV-cached greedy and sampled generation, and an uncached reference.
 
-- `init_cache`, `first_step`, `make_step_fn`: the model's zero "cache" collection and one
-  cached step; the encoder runs and its keys/values are projected once per source.
+- `init_cache`, `prefill`, `make_step_fn`, `first_step`: the model's zero "cache" collection,
+  the same with the encoder run and its keys/values projected once per source, one cached
+  step, and BOS fed through a fresh cache (the loops feed BOS themselves).
 - `decode_loop`, `generate`: greedy (temperature 0) or sampled generation in a
   `lax.while_loop` over the cache (Vaswani et al. 2017, §3.2.3, one position at a time);
   encoder-decoder models translate `inputs`, decoder-only models continue `prompts`; with
@@ -126,7 +127,7 @@ def make_step_fn(
 ) -> StepFn:
     """step_fn(tokens [B, 1], positions [B, 1], cache) -> (logits [B, V] float32, cache).
 
-    The cross-attention keys must already be cached (see `first_step`).
+    The cross-attention keys must already be cached (see `prefill`).
     """
     extra = {} if inputs_segment_ids is None else {"inputs_segment_ids": inputs_segment_ids}
     return lambda tokens, positions, cache: _apply_step(
@@ -161,6 +162,45 @@ def first_step(
     )
     tokens = jnp.full((batch_size, 1), bos_id, jnp.int32)
     return _apply_step(model, params, cache, tokens, positional.default_positions(tokens), **extra)
+
+
+def prefill(
+    model: nn.Module,
+    params: Any,
+    *,
+    batch_size: int,
+    max_length: int,
+    inputs: Int[Array, "B S"] | None = None,
+    inputs_segment_ids: Int[Array, "B S"] | None = None,
+) -> Any:
+    """A fresh cache ready for position 0: the encoder (if any) run once and its keys and values
+    stored in the cross-attention cache, the self-attention cache empty.
+
+    The decoder runs on zero new tokens ([B, 0]), so only the cross-attention projections do
+    any work and the compiled program holds no decoder step: the decoding loops feed BOS
+    themselves, so the decoder step is compiled once, in the loop, not also before it as with
+    `first_step` (docs/performance.md, "Where decoding's compile time goes").
+    """
+    source_length = None if inputs is None else inputs.shape[1]
+    cache = init_cache(
+        model, params, batch_size=batch_size, max_length=max_length, source_length=source_length
+    )
+    if inputs is None:
+        return cache
+    encoded = model.apply(
+        {"params": params}, inputs, inputs_segment_ids=inputs_segment_ids, method=model.encode
+    )  # [B, S, D]
+    none = jnp.zeros((batch_size, 0), jnp.int32)
+    _, state = model.apply(
+        {"params": params, "cache": cache},
+        none,
+        positions=none,
+        method=model.decode_step,
+        mutable=["cache"],
+        encoded=encoded,
+        inputs_segment_ids=inputs_segment_ids,
+    )
+    return state["cache"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,18 +361,13 @@ def _with_lengths(
 # The loop.
 
 
-def next_step(step_fn: StepFn, t: Array, max_length: int, token: Array, cache):
-    """Feeds `token` [B] at position t + 1 and returns the new (logits [B, V], cache).
+def feed(step_fn: StepFn, t: Array, token: Int[Array, " B"], cache):
+    """Feeds `token` [B] at position t: (logits [B, V] for position t, the new cache).
 
-    At the last position (t + 1 == max_length) nothing is left to predict, and the token is fed
-    at position max_length - 1 instead (inside the cache): the loops that call this end there,
-    and nothing reads those logits or that cache. The model runs unconditionally: a `lax.cond`
-    around it (the previous form, returning the last logits and cache unchanged at the end) cost
-    ~10% of beam search on a 2-core CPU (docs/performance.md), for one model step saved per
-    decode.
+    The loops feed BOS at t = 0, then each chosen token at the next position, and stop at
+    max_length, so every step's logits are used.
     """
-    position = jnp.minimum(t + 1, max_length - 1)
-    positions = jnp.full((token.shape[0], 1), position, jnp.int32)  # [B, 1]
+    positions = jnp.full((token.shape[0], 1), t, jnp.int32)  # [B, 1]
     return step_fn(token[:, None], positions, cache)
 
 
@@ -368,9 +403,9 @@ def while_growing(
 ) -> Any:
     """`lax.while_loop(cond, body, state)` over a self-attention cache that grows as it fills.
 
-    Iteration t feeds position t + 1 into the cache (`next_step`), so while the cache has T
-    slots the loop runs while t < T - 1; then the cache grows (`kv_cache.grow`) to the next
-    length of `grow_to` and another loop carries on. After the last growth `cond` alone
+    Iteration t feeds position t into the cache (`feed`), so while the cache has T slots the
+    loop runs while t < T; then the cache grows (`kv_cache.grow`) to the next length of
+    `grow_to` and another loop carries on. After the last growth `cond` alone
     decides. `t_of`, `cache_of` and `with_cache` read t and the cache from the loop state and
     put a new cache in it.
 
@@ -381,7 +416,7 @@ def while_growing(
     for length in grow_to:
         if slots is None or length <= slots:
             raise ValueError(f"cannot grow a cache of {slots} slots to {length}")
-        state = jax.lax.while_loop(lambda s, n=slots: (t_of(s) < n - 1) & cond(s), body, state)
+        state = jax.lax.while_loop(lambda s, n=slots: (t_of(s) < n) & cond(s), body, state)
         state = with_cache(state, kv_cache.grow(cache_of(state), length))
         slots = length
     return jax.lax.while_loop(cond, body, state)
@@ -390,7 +425,7 @@ def while_growing(
 def decode_loop(
     step_fn: StepFn,
     cache: Any,
-    logits: Float[Array, "B V"],
+    first_token: Int[Array, " B"],
     *,
     max_length: int,
     eos_id: int,
@@ -399,13 +434,14 @@ def decode_loop(
     prompt_lengths: Int[Array, " B"] | None = None,
     grow_to: tuple[int, ...] = (),
 ) -> Int[Array, "B L"]:
-    """Chooses token t from the logits of position t, feeds it back, until EOS or max_length.
+    """Feeds `first_token` at position 0, chooses token t from the logits of position t and
+    feeds it at t + 1, until EOS or max_length.
 
     Args:
       step_fn: (tokens [B, 1], positions [B, 1], cache) -> (logits [B, V], cache).
-      cache: the cache after position 0 was fed (see `first_step`), of max_length slots, or of
-        fewer with `grow_to`.
-      logits: [B, V] logits of position 0.
+      cache: a cache with nothing fed yet (see `prefill`), of max_length slots, or of fewer
+        with `grow_to`.
+      first_token: [B] int, the decoder input at position 0 (BOS).
       max_length: L, positions to produce.
       eos_id: a generated EOS finishes its row; later positions are 0.
       choose: (logits [B, V], t) -> tokens [B] int32 (argmax, or a sample).
@@ -418,7 +454,7 @@ def decode_loop(
     Returns:
       int32 [B, L]: forced and chosen tokens, EOS kept, 0 after it.
     """
-    batch = logits.shape[0]
+    batch = first_token.shape[0]
     if prompts is None and prompt_lengths is not None:
         raise ValueError("prompt_lengths needs prompts")
     if prompts is None:
@@ -430,22 +466,22 @@ def decode_loop(
     forced_tokens = jnp.pad(prompts, ((0, 0), (0, max_length - prompts.shape[1])))  # [B, L]
 
     def body(state):
-        t, tokens, done, cache, logits = state
+        t, tokens, done, cache, previous = state
+        logits, cache = feed(step_fn, t, previous, cache)  # logits of position t
         forced = t < prompt_lengths  # [B]
         prompt_token = jax.lax.dynamic_index_in_dim(forced_tokens, t, axis=1, keepdims=False)
         token = jnp.where(forced, prompt_token, choose(logits, t).astype(jnp.int32))
         token = jnp.where(done, 0, token)  # [B]
         tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, t))
         done = done | ((token == eos_id) & ~forced)
-        logits, cache = next_step(step_fn, t, max_length, token, cache)
-        return t + 1, tokens, done, cache, logits
+        return t + 1, tokens, done, cache, token
 
     def cond(state):
         return (state[0] < max_length) & ~jnp.all(state[2])
 
     tokens = jnp.zeros((batch, max_length), jnp.int32)
     done = jnp.zeros((batch,), bool)
-    state = (jnp.zeros((), jnp.int32), tokens, done, cache, logits)
+    state = (jnp.zeros((), jnp.int32), tokens, done, cache, first_token.astype(jnp.int32))
     state = while_growing(
         cond,
         body,
@@ -477,25 +513,25 @@ def _start_generation(
     inputs: Int[Array, "B S"] | None,
     inputs_segment_ids: Int[Array, "B S"] | None,
     prompts: Int[Array, "B P"] | None,
-) -> tuple[StepFn, Any, Float[Array, "B V"]]:
-    """Encodes the sources (if any) and feeds BOS through a cache of `cache_slots`
-    self-attention slots: (step_fn, cache, logits of position 0).
+) -> tuple[StepFn, Any, Int[Array, " B"]]:
+    """Encodes the sources (if any) into a fresh cache of `cache_slots` self-attention slots
+    (`prefill`): (step_fn, cache, BOS [B] to feed at position 0).
 
     B is the row count of `inputs` or, for a decoder-only model, of `prompts`; `bos_id` None
     means `model.config.bos_id`.
     """
     bos_id = model.config.bos_id if bos_id is None else bos_id
     batch = (inputs if prompts is None else prompts).shape[0]
-    logits, cache = first_step(
+    cache = prefill(
         model,
         params,
         batch_size=batch,
         max_length=cache_slots,
-        bos_id=bos_id,
         inputs=inputs,
         inputs_segment_ids=inputs_segment_ids,
     )
-    return make_step_fn(model, params, inputs_segment_ids), cache, logits
+    bos = jnp.full((batch,), bos_id, jnp.int32)
+    return make_step_fn(model, params, inputs_segment_ids), cache, bos
 
 
 def generate(
@@ -555,7 +591,7 @@ def generate(
     _check_sampling(temperature, top_k, top_p, rng)
     _check_generate_inputs(kind, inputs, prompts)
     phases = cache_phases(max_length, cache_start)
-    step_fn, cache, logits = _start_generation(
+    step_fn, cache, bos = _start_generation(
         model,
         params,
         cache_slots=phases[0],
@@ -580,7 +616,7 @@ def generate(
     return decode_loop(
         step_fn,
         cache,
-        logits,
+        bos,
         max_length=max_length,
         eos_id=eos_id,
         choose=choose,
