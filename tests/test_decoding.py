@@ -113,6 +113,25 @@ CACHE_VARIANTS = {
 }
 
 
+@pytest.mark.parametrize("variant", ["sinusoidal", "low_rank_values"])
+def test_prefill_stores_the_encoder_keys_and_writes_no_self_attention_slot(variant):
+    """`prefill` runs the decoder on zero new tokens: the cross-attention cache holds what
+    `first_step` (BOS fed with the encoder output) stores, and nothing else is written."""
+    model, params = _model(**CACHE_VARIANTS[variant])
+    common = dict(batch_size=2, max_length=5, inputs=SRC, inputs_segment_ids=SRC_SEG)
+    cache = _jit(lambda p: decoding.prefill(model, p, **common))(params)
+    _, want = _jit(lambda p: decoding.first_step(model, p, bos_id=1, **common))(params)
+    flat = dict(jax.tree_util.tree_leaves_with_path(cache))
+    names = {path: kv_cache.variable_name(path) for path in flat}
+    assert {"cached_cross_key", "cached_cross_value", "cache_index"} <= set(names.values())
+    for path, x in flat.items():
+        if names[path].startswith("cached_cross_"):
+            np.testing.assert_allclose(x, dict(jax.tree_util.tree_leaves_with_path(want))[path])
+            assert np.abs(np.asarray(x)).max() > 0
+        else:  # the self-attention slots and write index: untouched
+            np.testing.assert_array_equal(x, np.zeros_like(x))
+
+
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
 @pytest.mark.parametrize("variant", CACHE_VARIANTS)
 def test_cached_logits_equal_full_recompute_at_every_step(kind, variant):
