@@ -57,8 +57,8 @@ def _cached_and_full_logits(model, params, inputs, targets, slots=()):
     """(cached, full) logits [B, L, V]: the decoder inputs fed one position at a time through
     the cache (`lax.scan`), and the uncached model over the whole targets.
 
-    Steps after the first get params without the cross-attention key/value projections, so
-    they match only if the encoder keys/values come from the cache (projected once). `slots`
+    The steps get params without the cross-attention key/value projections, so they match
+    only if the encoder keys/values come from the cache (projected once, by `prefill`). `slots`
     (increasing, each < L): the cache starts with slots[0] self-attention slots and grows
     (`kv_cache.grow`) to each next one, then to L, when it is full.
     """
@@ -69,12 +69,11 @@ def _cached_and_full_logits(model, params, inputs, targets, slots=()):
     @_jit
     def run(params):
         decoder_inputs = models.shift_right(targets, 1)
-        logits, cache = decoding.first_step(
+        cache = decoding.prefill(
             model,
             params,
             batch_size=b,
             max_length=sizes[0],
-            bos_id=1,
             inputs=inputs,
             inputs_segment_ids=seg,
         )
@@ -88,13 +87,12 @@ def _cached_and_full_logits(model, params, inputs, targets, slots=()):
         rest = []
         for i, end in enumerate(sizes):
             assert kv_cache.slots(cache) == end
-            start = sizes[i - 1] if i else 1
+            start = sizes[i - 1] if i else 0
             cache, logits_part = jax.lax.scan(step, cache, jnp.arange(start, end))
             rest.append(logits_part)  # [end - start, B, V]
             if end < length:
                 cache = kv_cache.grow(cache, sizes[i + 1])
-        rest = jnp.concatenate(rest, axis=0)  # [L - 1, B, V]
-        cached = jnp.concatenate([logits[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)
+        cached = jnp.swapaxes(jnp.concatenate(rest, axis=0), 0, 1)  # [B, L, V]
         args = (targets,) if inputs is None else (inputs, targets)
         kwargs = {} if inputs is None else {"inputs_segment_ids": seg}
         return cached, model.apply({"params": params}, *args, **kwargs)
@@ -115,12 +113,31 @@ CACHE_VARIANTS = {
 
 @pytest.mark.parametrize("variant", ["sinusoidal", "low_rank_values"])
 def test_prefill_stores_the_encoder_keys_and_writes_no_self_attention_slot(variant):
-    """`prefill` runs the decoder on zero new tokens: the cross-attention cache holds what
-    `first_step` (BOS fed with the encoder output) stores, and nothing else is written."""
+    """`prefill` runs the decoder on zero new tokens: the cross-attention cache holds what a
+    step that feeds BOS with the encoder output stores, and nothing else is written."""
     model, params = _model(**CACHE_VARIANTS[variant])
     common = dict(batch_size=2, max_length=5, inputs=SRC, inputs_segment_ids=SRC_SEG)
     cache = _jit(lambda p: decoding.prefill(model, p, **common))(params)
-    _, want = _jit(lambda p: decoding.first_step(model, p, bos_id=1, **common))(params)
+
+    @_jit
+    def bos_step(params):  # one step with the encoder output: it fills the cross cache itself
+        encoded = model.apply(
+            {"params": params}, SRC, inputs_segment_ids=SRC_SEG, method=model.encode
+        )
+        zeros = decoding.init_cache(model, params, batch_size=2, max_length=5, source_length=6)
+        bos = jnp.ones((2, 1), jnp.int32)
+        _, state = model.apply(
+            {"params": params, "cache": zeros},
+            bos,
+            positions=jnp.zeros_like(bos),
+            method=model.decode_step,
+            mutable=["cache"],
+            encoded=encoded,
+            inputs_segment_ids=SRC_SEG,
+        )
+        return state["cache"]
+
+    want = bos_step(params)
     flat = dict(jax.tree_util.tree_leaves_with_path(cache))
     names = {path: kv_cache.variable_name(path) for path in flat}
     assert {"cached_cross_key", "cached_cross_value", "cache_index"} <= set(names.values())

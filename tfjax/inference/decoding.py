@@ -1,8 +1,8 @@
 """Autoregressive decoding: KV-cached greedy and sampled generation, and an uncached reference.
 
-- `init_cache`, `prefill`, `make_step_fn`, `first_step`: the model's zero "cache" collection,
-  the same with the encoder run and its keys/values projected once per source, one cached
-  step, and BOS fed through a fresh cache (the loops feed BOS themselves).
+- `init_cache`, `prefill`, `make_step_fn`: the model's zero "cache" collection, the same with
+  the encoder run and its keys/values projected once per source, and one cached step (the
+  loops feed BOS through it themselves).
 - `decode_loop`, `generate`: greedy (temperature 0) or sampled generation in a
   `lax.while_loop` over the cache (Vaswani et al. 2017, §3.2.3, one position at a time);
   encoder-decoder models translate `inputs`, decoder-only models continue `prompts`; with
@@ -135,35 +135,6 @@ def make_step_fn(
     )
 
 
-def first_step(
-    model: nn.Module,
-    params: Any,
-    *,
-    batch_size: int,
-    max_length: int,
-    bos_id: int,
-    inputs: Int[Array, "B S"] | None = None,
-    inputs_segment_ids: Int[Array, "B S"] | None = None,
-) -> tuple[Float[Array, "B V"], Any]:
-    """Runs the encoder (if any) once and feeds BOS at position 0 through a fresh cache.
-
-    Returns:
-      (float32 logits [B, V] for target position 0, the cache after that step).
-    """
-    source_length, extra = None, {}
-    if inputs is not None:
-        encoded = model.apply(
-            {"params": params}, inputs, inputs_segment_ids=inputs_segment_ids, method=model.encode
-        )  # [B, S, D]
-        source_length = inputs.shape[1]
-        extra = {"encoded": encoded, "inputs_segment_ids": inputs_segment_ids}
-    cache = init_cache(
-        model, params, batch_size=batch_size, max_length=max_length, source_length=source_length
-    )
-    tokens = jnp.full((batch_size, 1), bos_id, jnp.int32)
-    return _apply_step(model, params, cache, tokens, positional.default_positions(tokens), **extra)
-
-
 def prefill(
     model: nn.Module,
     params: Any,
@@ -178,8 +149,8 @@ def prefill(
 
     The decoder runs on zero new tokens ([B, 0]), so only the cross-attention projections do
     any work and the compiled program holds no decoder step: the decoding loops feed BOS
-    themselves, so the decoder step is compiled once, in the loop, not also before it as with
-    `first_step` (docs/performance.md, "Where decoding's compile time goes").
+    themselves, so the decoder step is compiled once, in the loop, not also before it
+    (docs/performance.md, "Where decoding's compile time goes").
     """
     source_length = None if inputs is None else inputs.shape[1]
     cache = init_cache(
