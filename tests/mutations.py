@@ -933,6 +933,16 @@ MUTATIONS = [
         "-k",
         "shared_by_beams",
     ),
+    M(
+        "cached-values-multiplied-with-the-values-on-the-left",
+        "tfjax/nn/attention/cache.py",
+        'out = jnp.einsum("BKGLS,BKSH->BKGLH", probs, v)\n'
+        "    return out.transpose(0, 3, 1, 2, 4).reshape(",
+        'out = jnp.einsum("BKGLS,BKSH->BLKGH", probs, v)\n    return out.reshape(',
+        "tests/test_attention.py",
+        "-k",
+        "contracts_the_left_operand",
+    ),
 ]
 
 

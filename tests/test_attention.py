@@ -444,6 +444,23 @@ def test_cached_attention_over_a_head_major_cache_equals_jax_attention(num_kv_he
     np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows, length", [(1, 1), (4, 1), (1, 3)])
+def test_cached_attention_contracts_the_left_operand_on_its_last_axis(rows, length):
+    # Both products over the cache must be plain [M, K] x [K, N]-like batched matmuls, the
+    # contracted axis last on the left: XLA:CPU gives those to its matmul library, while a left
+    # operand contracted on another axis (the values' S, as `einsum` orders "...->BLKGH" for
+    # beams sharing a row) became a naive loop, 5-7x slower at beam search's shapes.
+    q = jnp.zeros((2 * rows, length, 4, 8))  # 2 cache rows, `rows` query rows reading each
+    k = jnp.zeros((2, 2, 5, 8))
+    jaxpr = jax.make_jaxpr(lambda q, k: attention.cache.attend_over_cache(q, k, k))(q, k)
+    products = [
+        (eqn.params["dimension_numbers"][0][0], eqn.invars[0].aval.ndim)
+        for eqn in jaxpr.eqns
+        if eqn.primitive.name == "dot_general"
+    ]
+    assert len(products) == 2 and all(c == (n - 1,) for c, n in products), products
+
+
 def test_cache_append_writes_at_the_index_and_rejects_what_does_not_fit():
     cached_k = jnp.zeros((B, 2, 6, H))  # [B, K, max_len, H]
     cached_v = jnp.ones((B, 2, 6, H), jnp.bfloat16)

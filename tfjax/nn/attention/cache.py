@@ -121,8 +121,10 @@ def cached_attention(
         logits = logits + bias.astype(jnp.float32)
     probs = core.masked_softmax(logits, mask)  # [B, N, L, S] float32
     probs = probs.reshape(b, num_kv, n // num_kv, length, s).astype(v.dtype)  # [B, K, G, L, S]
-    out = jnp.einsum("BKGLS,BKSH->BLKGH", probs, v)
-    return out.reshape(b, length, n, v.shape[-1])  # [B, L, N, H]
+    # Head-major out, then one small transpose: asked for [B, L, K, G, H] directly, XLA:CPU
+    # lowers the product to a naive loop instead of a library matmul when G * L > 1.
+    out = jnp.einsum("BKGLS,BKSH->BKGLH", probs, v)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, length, n, v.shape[-1])  # [B, L, N, H]
 
 
 def attend_over_cache(
