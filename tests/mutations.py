@@ -934,6 +934,20 @@ MUTATIONS = [
         "shared_by_beams",
     ),
     M(
+        "startup-record-not-written",
+        "tfjax/runs/trainer.py",
+        "                self._log_startup(step, t0 - called)\n",
+        "",
+        "tests/test_trainer.py::test_resume_after_a_crash_between_saves_is_bit_exact",
+    ),
+    M(
+        "process-age-from-the-wrong-stat-field",
+        "tfjax/training/host.py",
+        'start_ticks = int(stat.rsplit(")", 1)[1].split()[19])',
+        'start_ticks = int(stat.rsplit(")", 1)[1].split()[18])',
+        "tests/test_host.py::test_process_seconds_is_the_age_of_the_process",
+    ),
+    M(
         "cached-values-multiplied-with-the-values-on-the-left",
         "tfjax/nn/attention/cache.py",
         'out = jnp.einsum("BKGLS,BKSH->BKGLH", probs, v)\n'

@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -153,3 +154,18 @@ def test_a_sweep_run_without_jax_platforms_is_tuned_and_quiet(tmp_path):
     assert "host malloc: glibc" in output and ", tuned" in output, output[-3000:]
     for word in ("TPU", "libtpu", "InitGoogle", "E0000"):
         assert word not in output, output[-3000:]
+
+
+def test_process_seconds_is_the_age_of_the_process():
+    # A child that sleeps 1 s after its imports reports an age between 1 s and the time the
+    # parent waited for it (one clock tick, 10 ms, of slack for /proc's resolution).
+    script = (
+        "import time; from tfjax.training import host; time.sleep(1.0); "
+        "print(host.process_seconds())"
+    )
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    waited = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr
+    age = float(done.stdout)
+    assert 1.0 <= age <= waited + 0.02, (age, waited)

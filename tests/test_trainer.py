@@ -76,6 +76,11 @@ def test_resume_after_a_crash_between_saves_is_bit_exact(tmp_path, monkeypatch):
     jax.tree.map(np.testing.assert_array_equal, straight, resumed)
     last = [logger.read_metrics(tmp_path / run, "train")[-1] for run in ("straight", "crashed")]
     assert last[0]["loss"] == last[1]["loss"] and last[0]["step"] == last[1]["step"] == 6
+    # One "startup" record per run at its first step: the fresh run's, and the resumed one's.
+    for run, steps in (("straight", [1]), ("crashed", [1, 5])):
+        startups = logger.read_metrics(tmp_path / run, "startup")
+        assert [r["step"] for r in startups] == steps
+        assert all(0 < r["first_step_seconds"] <= r["process_seconds"] for r in startups)
 
 
 @pytest.mark.slow

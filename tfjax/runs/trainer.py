@@ -38,7 +38,7 @@ from tfjax.data import pipeline
 from tfjax.nn import losses
 from tfjax.parallel import distributed, strategies
 from tfjax.runs import build, evaluator, lock, pretrained
-from tfjax.training import checkpointing, logger, steps, storage
+from tfjax.training import checkpointing, host, logger, steps, storage
 
 log = logging.getLogger(__name__)
 
@@ -223,12 +223,14 @@ class _Loop:
         pending, t0, step = [], time.perf_counter(), start
         while step < tcfg.num_train_steps and not preemption.requested:
             batch = run.strategy.put_batch(next(self.iterator))
+            called = time.perf_counter()
             state, metrics = run.train_step(state, batch, self.rng)
             step = self.step = step + 1
             preemption.check(step)
             if step == start + 1:  # keep compilation (step and tokens) out of tokens/s
                 jax.block_until_ready(metrics)
                 t0 = time.perf_counter()
+                self._log_startup(step, t0 - called)
             pending.append(metrics)
             if step % tcfg.log_every_steps == 0 or step == tcfg.num_train_steps:
                 first_window = len(pending) == step - start
@@ -248,6 +250,22 @@ class _Loop:
                 _save(run, self.checkpointer, state, step, self.rng, self.iterator, pending)
         progress.close()
         return state, step, pending
+
+    def _log_startup(self, step: int, first_step: float) -> None:
+        """The "startup" record of metrics.jsonl, at the run's first step: `first_step_seconds`
+        (its call to its result: tracing, compiling or reading the compilation cache, and the
+        step) and, on Linux, `process_seconds` (the process's start to that result: imports,
+        data, model, restore and the first step)."""
+        record = {"first_step_seconds": first_step}
+        since_start = host.process_seconds()
+        if since_start is not None:
+            record["process_seconds"] = since_start
+        self.writer.write(step, "startup", record)
+        log.info(
+            "first step done in %.1f s (compile and run)%s",
+            first_step,
+            "" if since_start is None else f", {since_start:.1f} s after the process started",
+        )
 
     def _evaluate(self, state, step: int) -> float:
         """Logs a periodic evaluation; returns the seconds it took."""

@@ -1,5 +1,6 @@
-"""Process-level settings of the host: glibc allocator tuning for CPU steps, and the CPU as
-JAX's platform where libtpu is installed without TPUs (`cpu_unless_tpu`).
+"""Process-level settings of the host: glibc allocator tuning for CPU steps, the CPU as JAX's
+platform where libtpu is installed without TPUs (`cpu_unless_tpu`), and the process's age
+(`process_seconds`, for the trainer's time to the first step).
 
 XLA:CPU asks for one temporary buffer per execution of a compiled program (about 640 MB for the
 benchmark train step, `experiments.bench`), frees it when the step ends, and does so from its
@@ -161,3 +162,15 @@ def should_tune_malloc(requested: bool | None) -> bool:
     if requested is not None:
         return requested
     return glibc_version() is not None and cpu_only()
+
+
+def process_seconds() -> float | None:
+    """Seconds since this process started, from Linux's /proc (to 1 / SC_CLK_TCK, usually 10 ms);
+    None where /proc is not there (macOS, Windows)."""
+    try:
+        stat = pathlib.Path("/proc/self/stat").read_text()
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        uptime = float(pathlib.Path("/proc/uptime").read_text().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return None
