@@ -102,8 +102,10 @@ def test_a_workdir_trained_under_pmap_resumes_under_sharded(tmp_path):
     # noise (softmax ignores them), which Adam scales up differently in the two programs.
     runs = [logger.read_metrics(tmp_path / run) for run in ("straight", "switched")]
     kept = [("train", step) for step in range(1, 7)] + [("final_eval", 6)]
-    losses = [[(r["kind"], r["step"], r["loss"]) for r in records] for records in runs]
-    losses = [[x for x in run if x[:2] in kept] for run in losses]
+    losses = [
+        [(r["kind"], r["step"], r["loss"]) for r in records if (r["kind"], r["step"]) in kept]
+        for records in runs
+    ]
     assert [x[:2] for x in losses[0]] == [x[:2] for x in losses[1]] == kept
     np.testing.assert_allclose([x[2] for x in losses[1]], [x[2] for x in losses[0]], rtol=1e-5)
 
