@@ -948,6 +948,15 @@ MUTATIONS = [
         "tests/test_host.py::test_process_seconds_is_the_age_of_the_process",
     ),
     M(
+        "profile-counts-async-end-marks",
+        "experiments/bench/profile.py",
+        '"ThreadpoolListener::", "end: ", "SlinkyThreadPool::")',
+        '"ThreadpoolListener::", "SlinkyThreadPool::")',
+        "tests/test_bench_tools.py",
+        "-k",
+        "falls_back_to_the_xla_ops_line",
+    ),
+    M(
         "cached-values-multiplied-with-the-values-on-the-left",
         "tfjax/nn/attention/cache.py",
         'out = jnp.einsum("BKGLS,BKSH->BKGLH", probs, v)\n'

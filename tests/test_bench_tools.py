@@ -57,9 +57,14 @@ def test_summarize_falls_back_to_the_xla_ops_line_and_to_cpu_operations():
         {"ph": "M", "pid": 5, "tid": 2, "name": "thread_name", "args": {"name": "tf_XLAEigen/1"}},
         {"ph": "X", "pid": 5, "tid": 2, "ts": 0, "dur": 8, "name": "dot.4"},
         {"ph": "X", "pid": 5, "tid": 2, "ts": 0, "dur": 10, "name": "ThunkExecutor::Execute"},
+        # the pool's markers and waits, not operations (a wait lies inside its operation)
+        {"ph": "X", "pid": 5, "tid": 2, "ts": 1, "dur": 0, "name": "ThreadpoolListener::Record"},
+        {"ph": "X", "pid": 5, "tid": 2, "ts": 6, "dur": 2, "name": "SlinkyThreadPool::Await"},
+        {"ph": "X", "pid": 5, "tid": 2, "ts": 8, "dur": 1, "name": "end: dot.4"},
     ]
     s = profile.summarize(cpu, steps=1)
     assert s["kernels_per_step"] == 1 and s["by_category_ms"] == {"matmul": 0.008}
+    assert s["span_ms"] == pytest.approx(0.008)
     with pytest.raises(ValueError, match="no device kernels"):
         profile.summarize(cpu[:2], steps=1)
     with pytest.raises(ValueError, match="steps=0"):

@@ -10,7 +10,8 @@ that took longest, with their counts.
 
 Kernels are the complete ("X") events on the device's stream lines (a process named
 "/device:GPU:N" or "/device:TPU:N": its "Stream ..." threads, else its "XLA Ops" line); on a
-CPU trace, the XLA thread pool's operations ("tf_XLAEigen" threads) stand in for them. Names ending
+CPU trace, the XLA thread pool's operations ("tf_XLAEigen" threads, without the pool's own
+markers and waits) stand in for them. Names ending
 in ".N" or "_N" are grouped (`fusion_12` and `fusion_7` are two kernels of one kind only when
 the compiler numbered them so; the grouping is of names, not of computations).
 """
@@ -32,6 +33,10 @@ CATEGORIES = (
     ("elementwise", re.compile(r"fusion|loop_|elementwise|convert|add|multiply")),
 )
 _NUMBER_SUFFIX = re.compile(r"([._]\d+)+$")
+# Events on XLA:CPU's threads that are not operations: the executor around them, the thread
+# pool's region markers (zero length), the completion marks of asynchronous operations, and a
+# thread's waits for the pool inside an operation (whose own event covers them).
+_CPU_MARKERS = ("ThunkExecutor", "ThreadpoolListener::", "end: ", "SlinkyThreadPool::")
 
 
 def category(name: str) -> str:
@@ -74,7 +79,7 @@ def kernel_events(events: list[dict]) -> list[dict]:
     return [
         e
         for e in complete
-        if on_line(e, "tf_XLAEigen", "/host:") and not e["name"].startswith("ThunkExecutor")
+        if on_line(e, "tf_XLAEigen", "/host:") and not e["name"].startswith(_CPU_MARKERS)
     ]
 
 
