@@ -136,7 +136,10 @@ def test_train_bench_with_the_flax_peer_traces_both_sides(tmp_path):
         events = events["traceEvents"] if isinstance(events, dict) else events
         summary = profile.summarize(events, train.TRACED_STEPS)
         assert summary["busy_by_category_ms"]["matmul"] > 0
-        assert summary["busy_by_category_ms"]["matmul"] <= summary["by_category_ms"]["matmul"]
+        # the union of the matmuls' intervals is at most their summed time (equal, to rounding,
+        # when none overlap)
+        busy, summed = summary["busy_by_category_ms"]["matmul"], summary["by_category_ms"]["matmul"]
+        assert busy <= summed + 1e-6  # ms: 1 ns of rounding
         names[side] = {e["name"] for e in profile.kernel_events(events) if "fusion" in e["name"]}
     assert names["tfjax"] != names["flax"]  # each trace holds its own side's program
 
