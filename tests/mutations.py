@@ -957,6 +957,13 @@ MUTATIONS = [
         "falls_back_to_the_xla_ops_line",
     ),
     M(
+        "tensorboardx-imports-torch",
+        "tfjax/training/logger.py",
+        '    sys.modules["torch"] = None  # type: ignore[assignment]\n',
+        "",
+        "tests/test_logger.py::test_tensorboard_writes_do_not_import_torch",
+    ),
+    M(
         "cached-values-multiplied-with-the-values-on-the-left",
         "tfjax/nn/attention/cache.py",
         'out = jnp.einsum("BKGLS,BKSH->BKGLH", probs, v)\n'

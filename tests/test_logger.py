@@ -1,5 +1,6 @@
 """Tests for tfjax/training/logger.py: metrics.jsonl, TensorBoard files, read_metrics, Progress."""
 
+import importlib.util
 import io
 import json
 import logging
@@ -133,6 +134,21 @@ def test_import_is_lazy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_tensorboard_writes_do_not_import_torch(tmp_path):
+    """tensorboardX imports torch when it can (seconds); the writer keeps it out, and torch
+    still imports afterwards (fresh process)."""
+    code = (
+        "import sys; from tfjax.training import logger; "
+        f"w = logger.MetricWriter({str(tmp_path)!r}); w.write(1, 'train', {{'loss': 1.0}}); "
+        "w.close(); print('torch' in sys.modules, 'tensorboardX' in sys.modules); "
+        "import torch; print(torch.ones(2).sum().item())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "2.0"], out.stdout
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
 _LINE = re.compile(r"step 1200/5000 loss 1\.234 lr 3\.1e-04 tokens/s 2,345 eta \d+:\d\d:\d\d")

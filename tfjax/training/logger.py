@@ -193,10 +193,31 @@ class MetricWriter:
 
     def _tensorboard_writer(self) -> Any:
         if self._tensorboard is None:
-            import tensorboardX  # lazy: keeps `import tfjax.training.logger` cheap
-
-            self._tensorboard = tensorboardX.SummaryWriter(str(self.workdir / TENSORBOARD_DIR))
+            tensorboardx = _import_tensorboardx()  # lazy: keeps this module's import cheap
+            self._tensorboard = tensorboardx.SummaryWriter(str(self.workdir / TENSORBOARD_DIR))
         return self._tensorboard
+
+
+def _import_tensorboardx() -> Any:
+    """tensorboardX, imported without importing torch.
+
+    tensorboardX's writer module imports torch whenever it is installed (only to accept torch
+    tensors, which tfjax never passes): 2.2-3.7 s of every run's first write on a machine with
+    torch, as on Colab. While tensorboardX loads, torch is marked unimportable (None in
+    `sys.modules`, so its `import torch` falls back); the mark is removed after. Where torch or
+    tensorboardX is already imported this is a plain import.
+    """
+    if "torch" in sys.modules or "tensorboardX" in sys.modules:
+        import tensorboardX
+
+        return tensorboardX
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        import tensorboardX
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return tensorboardX
 
 
 def _decode_record(record: dict) -> dict:
