@@ -11,9 +11,9 @@ that took longest, with their counts.
 Kernels are the complete ("X") events on the device's stream lines (a process named
 "/device:GPU:N" or "/device:TPU:N": its "Stream ..." threads, else its "XLA Ops" line); on a
 CPU trace, the XLA thread pool's operations ("tf_XLAEigen" threads, without the pool's own
-markers and waits) stand in for them. Names ending
-in ".N" or "_N" are grouped (`fusion_12` and `fusion_7` are two kernels of one kind only when
-the compiler numbered them so; the grouping is of names, not of computations).
+markers and waits) stand in for them. Names ending in ".N" or "_N" are grouped (`fusion_12`
+and `fusion_7` are two kernels of one kind only when the compiler numbered them so; the
+grouping is of names, not of computations).
 """
 
 import collections

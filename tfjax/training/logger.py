@@ -202,10 +202,10 @@ def _import_tensorboardx() -> Any:
     """tensorboardX, imported without importing torch.
 
     tensorboardX's writer module imports torch whenever it is installed (only to accept torch
-    tensors, which tfjax never passes): 2.2-3.7 s of every run's first write on a machine with
-    torch, as on Colab. While tensorboardX loads, torch is marked unimportable (None in
-    `sys.modules`, so its `import torch` falls back); the mark is removed after. Where torch or
-    tensorboardX is already imported this is a plain import.
+    tensors, which tfjax never passes): seconds of every run's first write on a machine with
+    torch, as on Colab (docs/compilation_cache.md). While tensorboardX loads, torch is marked
+    unimportable (None in `sys.modules`, so its `import torch` falls back); the mark is removed
+    after. Where torch or tensorboardX is already imported this is a plain import.
     """
     if "torch" in sys.modules or "tensorboardX" in sys.modules:
         import tensorboardX
