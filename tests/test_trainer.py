@@ -45,7 +45,7 @@ def test_tiny_run_writes_config_metrics_and_checkpoints(spec, tmp_path):
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model"] == config.model.to_dict()
     kinds = {record["kind"] for record in logger.read_metrics(tmp_path)}
-    assert {"train", "eval", "final_eval"} <= kinds
+    assert {"startup", "train", "eval", "final_eval"} <= kinds
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     assert _restore(tmp_path).step == 4
 
