@@ -936,9 +936,16 @@ MUTATIONS = [
     M(
         "startup-record-not-written",
         "tfjax/runs/trainer.py",
-        "                self._log_startup(step, t0 - called)\n",
+        '                self.writer.write(step, "startup", startup_record(t0 - called))\n',
         "",
         "tests/test_trainer.py::test_resume_after_a_crash_between_saves_is_bit_exact",
+    ),
+    M(
+        "vectorised-trials-write-no-startup-record",
+        "tfjax/runs/vsweep.py",
+        '                        writer.write(step, "startup", record)\n',
+        "                        pass\n",
+        "tests/test_vsweep.py::test_each_trial_logs_the_metrics_of_the_trial_trained_alone",
     ),
     M(
         "process-age-from-the-wrong-stat-field",

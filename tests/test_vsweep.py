@@ -150,7 +150,7 @@ def test_each_trial_ends_with_the_parameters_of_the_trial_trained_alone(sweep):
 def test_each_trial_logs_the_metrics_of_the_trial_trained_alone(sweep):
     for name in TRIALS:
         vec_dir, alone_dir = sweep["root"] / "sweep" / name, sweep["root"] / "alone" / name
-        for kind in ("train", "eval", "final_eval"):
+        for kind in ("startup", "train", "eval", "final_eval"):  # startup: steps alone
             vec, alone = _metric_rows(vec_dir, kind), _metric_rows(alone_dir, kind)
             assert [s for s, _ in vec] == [s for s, _ in alone] and vec, (name, kind)
             np.testing.assert_allclose([v for _, v in vec], [v for _, v in alone], rtol=1e-5)

@@ -204,6 +204,23 @@ def _save(run, checkpointer, state, step: int, rng, iterator, pending: list) -> 
     )
 
 
+def startup_record(first_step: float) -> dict[str, float]:
+    """The "startup" record a run writes at its first step (and logs in one line):
+    `first_step_seconds`, the first step's call to its result (tracing, compiling or reading
+    the compilation cache, and the step), and on Linux `process_seconds`, the process's start
+    to that result (imports, data, model, restore and the first step)."""
+    record = {"first_step_seconds": first_step}
+    since_start = host.process_seconds()
+    if since_start is not None:
+        record["process_seconds"] = since_start
+    log.info(
+        "first step done in %.1f s (compile and run)%s",
+        first_step,
+        "" if since_start is None else f", {since_start:.1f} s after the process started",
+    )
+    return record
+
+
 @dataclasses.dataclass
 class _Loop:
     """The step loop of `train_and_evaluate`: step, log, evaluate and save on schedule."""
@@ -230,7 +247,7 @@ class _Loop:
             if step == start + 1:  # keep compilation (step and tokens) out of tokens/s
                 jax.block_until_ready(metrics)
                 t0 = time.perf_counter()
-                self._log_startup(step, t0 - called)
+                self.writer.write(step, "startup", startup_record(t0 - called))
             pending.append(metrics)
             if step % tcfg.log_every_steps == 0 or step == tcfg.num_train_steps:
                 first_window = len(pending) == step - start
@@ -250,22 +267,6 @@ class _Loop:
                 _save(run, self.checkpointer, state, step, self.rng, self.iterator, pending)
         progress.close()
         return state, step, pending
-
-    def _log_startup(self, step: int, first_step: float) -> None:
-        """The "startup" record of metrics.jsonl, at the run's first step: `first_step_seconds`
-        (its call to its result: tracing, compiling or reading the compilation cache, and the
-        step) and, on Linux, `process_seconds` (the process's start to that result: imports,
-        data, model, restore and the first step)."""
-        record = {"first_step_seconds": first_step}
-        since_start = host.process_seconds()
-        if since_start is not None:
-            record["process_seconds"] = since_start
-        self.writer.write(step, "startup", record)
-        log.info(
-            "first step done in %.1f s (compile and run)%s",
-            first_step,
-            "" if since_start is None else f", {since_start:.1f} s after the process started",
-        )
 
     def _evaluate(self, state, step: int) -> float:
         """Logs a periodic evaluation; returns the seconds it took."""

@@ -310,12 +310,18 @@ class _Loop:
         progress = logger.Progress(tcfg.num_train_steps, initial_step=start)
         pending, t0, step = [], time.perf_counter(), start
         while step < tcfg.num_train_steps and not preemption.requested:
-            state, metrics = group.step_fn(state, self._batch(), rngs, group.hyper)
+            batch = self._batch()
+            called = time.perf_counter()
+            state, metrics = group.step_fn(state, batch, rngs, group.hyper)
             step += 1
             preemption.check(step)
             if step == start + 1:
                 jax.block_until_ready(metrics)
                 t0 = time.perf_counter()
+                record = trainer.startup_record(t0 - called)
+                for i, writer in enumerate(self.writers):
+                    if self.status[i] == "ok":
+                        writer.write(step, "startup", record)
             pending.append(metrics)
             if step % tcfg.log_every_steps == 0 or step == tcfg.num_train_steps:
                 untimed = 1 if len(pending) == step - start else 0
