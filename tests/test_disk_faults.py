@@ -70,6 +70,14 @@ def _tmpfs(size_kb: int):
             subprocess.run(["umount", "-l", point], check=True)
 
 
+def _room_for(workdir: pathlib.Path, spare_kb: int) -> int:
+    """kB for a tmpfs holding a copy of `workdir` and `spare_kb` more. The tiny trained
+    workdir is not of one size: orbax's OCDBT writes its checkpoint as a varying number of
+    data files (0.9-2.1 MB seen), so a fixed 2 MB tmpfs was sometimes too small to copy it."""
+    files = [p for p in workdir.rglob("*") if p.is_file()]
+    return sum(-(-p.stat().st_size // 4096) * 4 for p in files) + spare_kb  # whole 4 kB pages
+
+
 def _remount(point: pathlib.Path, options: str) -> None:
     subprocess.run(["mount", "-o", f"remount,{options}", str(point)], check=True)
 
@@ -264,7 +272,7 @@ def test_evaluate_on_a_full_disk_keeps_the_previous_record(trained, tool, tmp_pa
 @needs_mount
 @pytest.mark.slow
 def test_evaluate_command_on_a_full_tmpfs(trained):
-    with _tmpfs(2048) as point:
+    with _tmpfs(_room_for(trained, 512)) as point:
         workdir = _copy(trained, point)
         (point / "fill").write_bytes(b"")
         # Unbuffered, and the suppression outside the file: a buffered file's close flushes
@@ -329,7 +337,7 @@ def test_a_read_only_out_names_the_flag(trained, tool, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_commands_on_a_read_only_mount(trained):
     """Train (resume), evaluate and attention_map refuse in one line; translate only reads."""
-    with _tmpfs(4096) as point:
+    with _tmpfs(_room_for(trained, 2048)) as point:
         workdir = _copy(trained, point)
         before = _digest(workdir)
         _remount(point, "ro")
