@@ -149,8 +149,8 @@ def test_triton_needs_a_power_of_two_width(monkeypatch):
 _TINY = dict(
     vocab_size=40,
     embed_dim=32,
-    num_layers=2,
-    num_decoder_layers=2,
+    num_layers=1,
+    num_decoder_layers=1,
     num_heads=4,
     mlp_dim=64,
     max_len=16,
@@ -198,7 +198,7 @@ def test_model_dropout_is_applied_and_reproducible():
 
     evaluated = model.apply({"params": params}, inputs, targets)
     program = str(jax.make_jaxpr(lambda p: model.apply({"params": p}, inputs, targets))(params))
-    assert program.count("pallas_call") == 2 * 2 + 3 * 2  # each residual step runs the kernel
+    assert program.count("pallas_call") == 2 * 1 + 3 * 1  # each residual step runs the kernel
     np.testing.assert_array_equal(train(1), train(1))
     assert not np.allclose(train(1), train(2))
     assert not np.allclose(train(1), evaluated)
