@@ -186,10 +186,11 @@ def _loss_and_grads(model, batch, positions: bool):
     "kind, overrides, want_calls",
     [
         # (is_causal, query lengths given, key lengths given) per lengths-path call
-        (
+        pytest.param(
             "encoder_decoder",
             {},
             [(False, True, True)] * 2 + [(True, True, True)] * 2 + [(False, True, True)] * 2,
+            marks=pytest.mark.slow,  # the two below run both kinds of call in the default tier
         ),
         ("decoder_only", {}, [(True, True, True)] * 2),
         # a position bias keeps the self-attention masks dense; cross-attention still uses lengths

@@ -125,6 +125,7 @@ def test_train_bench_traces_steps_that_the_summary_reads(tmp_path):
     assert profile.summarize(events, train.TRACED_STEPS)["kernels_per_step"] > 10
 
 
+@pytest.mark.slow  # tfjax's side alone, in the default tier: the test above
 def test_train_bench_with_the_flax_peer_traces_both_sides(tmp_path):
     out = train.bench_train(
         repeats=1, batch=2, dtype="float32", shape=_TINY, peer="flax", trace_dir=str(tmp_path)

@@ -201,6 +201,7 @@ def test_a_full_disk_met_by_the_save_itself_or_at_close(tmp_path, monkeypatch):
     assert sorted(p.name for p in directory.iterdir()) == ["1"]
 
 
+@pytest.mark.slow  # a save meeting a full disk, in the default tier: the two tests above
 def test_train_on_a_full_disk_is_one_line_and_resumes(tmp_path, monkeypatch, capsys):
     """The training loop: orbax's commit of step 2 fails as on a full disk."""
     workdir = tmp_path / "run"

@@ -170,6 +170,7 @@ print(json.dumps(problems))
 """
 
 
+@pytest.mark.slow  # a fresh process per entry point: ~10 s
 def test_shell_commands_parse():
     by_module: dict[str, list[list[str]]] = {}
     for path in PAGES:

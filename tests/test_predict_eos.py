@@ -108,6 +108,7 @@ def test_eval_step_without_eos_scores_the_other_positions_only(kind):
     assert float(without["correct_sum"]) == ((predictions == _ROWS["targets"]) & SCORED).sum()
 
 
+@pytest.mark.slow  # the default tier: the eval step's tests, the config's train step below
 def test_train_step_without_eos_follows_the_gradient_of_the_other_positions():
     kind = "encoder_decoder"
     model, params = _model_and_params(kind)

@@ -249,6 +249,7 @@ def test_t5_takes_the_tokenizers_model_max_length_else_512(t5_dir, tmp_path):
     assert pretrained.load_tokenizer(target).vocab_size == 63
 
 
+@pytest.mark.slow
 def test_convert_writes_the_t5_checkpoints_limits_unless_given(t5_dir, tmp_path):
     config = config_utils.load_config("configs/pretrained.py:t5_tiny")  # 32 and 64
     written = runs_pretrained.convert(t5_dir, tmp_path / "run", config)

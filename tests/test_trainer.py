@@ -176,6 +176,7 @@ def test_a_workdir_from_another_model_is_refused_and_kept(tmp_path):
     assert _restore(tmp_path).step == 4
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_before_a_new_option_resumes_while_the_option_is_off(
     tmp_path, monkeypatch
 ):
