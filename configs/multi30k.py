@@ -20,7 +20,8 @@ Wall times depend on the host's day (its `jnp.dot` ceiling varied 2-3x): docs/re
 each run's ceiling.
 
 Data: `data.name="multi30k"`, read from `data.dir` (default $TFJAX_DATA_DIR, else
-../shared/data) and checked against its SHA256SUMS; train 29,000 pairs, `val` (1,014) evaluated
+~/.cache/tfjax/data; `python -m experiments.data --corpus=multi30k` puts it there) and checked
+against the SHA-256 sums tfjax ships (docs/data.md); train 29,000 pairs, `val` (1,014) evaluated
 during training, `test2016` (1,000) reported once. SentencePiece BPE, 8,000 pieces trained on
 the English and German training text at the first run (saved as `<workdir>/tokenizer.model`);
 embeddings shared by encoder, decoder and output layer. Reverse the direction with
@@ -39,7 +40,7 @@ Presets (`--config=configs/multi30k.py:NAME`):
         sixth of `cpu`'s FLOPs per token, so that every sweep cell has 3 seeds):
           python -m experiments.sweep --config=configs/multi30k.py:small --sweep=score \
               --vectorize --workdir=runs/sweeps
-  tiny  seconds, for the tests (needs only a small multi30k/ folder with a SHA256SUMS file).
+  tiny  seconds, for the tests (on a few stand-in lines; tests/conftest.py, `fake_corpus`).
 
 Sweeps of `small` (seeds 0-2 each; the sweep's seeds.md gives mean ± std): `score`,
 `norm_warmup` (post-/pre-LN x the paper's warmup / a constant 1e-3), `norm_peak` (post-/pre-LN

@@ -21,14 +21,15 @@ Wall times depend on the host's day (its `jnp.dot` ceiling varied 2-3x): docs/re
 each run's ceiling.
 
 Data: `data.name="tinyshakespeare"`, read from `data.dir` (default $TFJAX_DATA_DIR, else
-../shared/data) and checked against SHA256SUMS; the first 90% of the 1,115,394 characters train,
-the last 10% (111,540) evaluate, as in nanoGPT. One id per character (65 characters plus the 4
-special ids, which never occur in the text). Windows of `max_target_len` = context + 1
-characters: the first character of a window is context only, so each window scores `context`
-predictions with 1 to `context` characters before them, nanoGPT's block-size setting. Training
-windows start every `data.lm_stride` characters; the periodic and final evaluations score the
-whole val split once in consecutive windows (`experiments.evaluate` also reports nanoGPT's
-estimate over 2,400 random windows).
+~/.cache/tfjax/data; `python -m experiments.data --corpus=tinyshakespeare` puts it there) and
+checked against the SHA-256 tfjax ships (docs/data.md); the first 90% of the 1,115,394
+characters train, the last 10% (111,540) evaluate, as in nanoGPT. One id per character (65
+characters plus the 4 special ids, which never occur in the text). Windows of `max_target_len`
+= context + 1 characters: the first character of a window is context only, so each window
+scores `context` predictions with 1 to `context` characters before them, nanoGPT's block-size
+setting. Training windows start every `data.lm_stride` characters; the periodic and final
+evaluations score the whole val split once in consecutive windows (`experiments.evaluate` also
+reports nanoGPT's estimate over 2,400 random windows).
 
 Model: a GPT-style decoder (pre-LN with a final LayerNorm, GELU, learned positions, output
 layer tied to the embedding), Adam(0.9, 0.99) with linear warmup and cosine decay, no label

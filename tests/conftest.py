@@ -96,18 +96,31 @@ def _freeze_survivors(phase: str, info: dict) -> None:
 gc.callbacks.append(_freeze_survivors)
 
 
-def _data_dir() -> pathlib.Path | None:
-    env = os.environ.get("TFJAX_DATA_DIR")
-    if env:
-        return pathlib.Path(env)
-    default = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    return default if default.exists() else None
-
-
 @pytest.fixture(scope="session")
 def data_dir() -> pathlib.Path:
-    """The shared corpora folder; tests that need it skip with the reason when it is absent."""
-    path = _data_dir()
-    if path is None or not path.exists():
-        pytest.skip("shared corpora not found: set TFJAX_DATA_DIR to the folder with SHA256SUMS")
-    return path
+    """The data directory a user's run reads (`tfjax.data.sources.data_dir`: $TFJAX_DATA_DIR,
+    else ~/.cache/tfjax/data), when it holds every named corpus; a test that needs the corpora
+    skips otherwise, the reason naming the commands that fetch them. A corrupt corpus is not
+    skipped: its test fails on the checksum."""
+    from tfjax.data import corpora, sources
+
+    root = sources.data_dir()
+    absent = [
+        corpus.name
+        for corpus in corpora.CORPORA.values()
+        if not all((root / name).is_file() for name in corpus.names())
+    ]
+    if absent:
+        fetch = "; ".join(corpora.fetch_command(name) for name in absent)
+        pytest.skip(f"corpora {', '.join(absent)} not in the data directory {root}: {fetch}")
+    return root
+
+
+@pytest.fixture
+def fake_corpus(monkeypatch):
+    """`fake_corpus(root, {"tinyshakespeare/input.txt": text})`: a few lines standing in for a
+    named corpus in `root`, verified against their own sums for this test
+    (`tiny_runs.write_corpus`); returns `root`, to be given as `data.dir`."""
+    from tiny_runs import write_corpus
+
+    return lambda root, files: write_corpus(monkeypatch, pathlib.Path(root), files)

@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from tfjax.data import datasets, sources, tokenizers
+from tfjax.data import corpora, datasets, sources, tokenizers
 
 PAIRS = [
     ("A man rides a horse .", "Ein Mann reitet ein Pferd ."),
@@ -23,18 +23,6 @@ def _write_parallel(folder: pathlib.Path, stem: str, pairs) -> str:
     (folder / f"{stem}.en").write_text("".join(f"{s}\n" for s, _ in pairs), encoding="utf-8")
     (folder / f"{stem}.de").write_text("".join(f"{t}\n" for _, t in pairs), encoding="utf-8")
     return str(folder / stem)
-
-
-def _fake_corpus(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
-    """A data folder with `files` (relative path -> text) and their SHA256SUMS."""
-    lines = []
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        lines.append(f"{hashlib.sha256(text.encode()).hexdigest()}  {name}\n")
-    (root / sources.CHECKSUM_FILE).write_text("".join(lines))
-    return root
 
 
 def _multi30k_files(pairs) -> dict[str, str]:
@@ -101,25 +89,48 @@ def test_classification_tsv_and_bad_label(tmp_path):
         sources.read_classification(path)
 
 
-def test_checksums_verified_and_mismatch_named(tmp_path):
-    root = _fake_corpus(tmp_path, {"multi30k/train.en": "hello\n"})
-    sources.verify_checksums(root, ["multi30k/train.en"])
+def test_checksums_verified_against_the_shipped_sums_and_mismatch_named(tmp_path, fake_corpus):
+    root = fake_corpus(tmp_path, {"multi30k/train.en": "hello\n"})
+    corpora.verify(root, ["multi30k/train.en"])
     (root / "multi30k/train.en").write_text("hellO\n")
-    with pytest.raises(ValueError, match=r"checksum mismatch for .*train.en: SHA-256"):
-        sources.verify_checksums(root, ["multi30k/train.en"])
-    with pytest.raises(ValueError, match="not listed"):
-        sources.verify_checksums(root, ["multi30k/val.en"])
-    (root / sources.CHECKSUM_FILE).unlink()
-    with pytest.raises(FileNotFoundError, match="SHA256SUMS is missing"):
-        sources.verify_checksums(root, ["multi30k/train.en"])
+    with pytest.raises(ValueError, match=r"checksum mismatch for .*train.en: SHA-256 .*; fix"):
+        corpora.verify(root, ["multi30k/train.en"], fix="fix")
+    with pytest.raises(ValueError, match="no SHA-256 to check"):
+        corpora.verify(root, ["multi30k/train.fr"])
+    with pytest.raises(FileNotFoundError, match=r"val\.en: no such file"):
+        corpora.verify(root, ["multi30k/val.en"])
+    tampered = hashlib.sha256(b"hellO\n").hexdigest()
+    (root / "SHA256SUMS").write_text(f"{tampered}  multi30k/train.en\n")
+    with pytest.raises(ValueError, match="checksum mismatch"):  # a list beside the data is
+        corpora.verify(root, ["multi30k/train.en"])  # not read: the shipped sums decide
 
 
 def test_data_dir_resolution(tmp_path, monkeypatch):
     monkeypatch.setenv(sources.DATA_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert sources.data_dir() == tmp_path
     assert sources.data_dir(str(tmp_path / "..")) == tmp_path / ".."
-    with pytest.raises(FileNotFoundError, match="TFJAX_DATA_DIR"):
-        sources.data_dir(str(tmp_path / "missing"))
+    assert sources.data_dir(str(tmp_path / "missing")) == tmp_path / "missing"  # need not exist
+    monkeypatch.delenv(sources.DATA_DIR_ENV)
+    assert sources.data_dir() == tmp_path / "xdg" / "tfjax" / "data"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # not absolute: ignored, as the spec says
+    assert sources.data_dir() == tmp_path / "home" / ".cache" / "tfjax" / "data"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert sources.data_dir() == tmp_path / "home" / ".cache" / "tfjax" / "data"
+    assert sources.data_dir("~/d") == tmp_path / "home" / "d"
+
+
+def test_a_missing_corpus_names_the_command_that_fetches_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(sources.DATA_DIR_ENV, str(tmp_path / "default"))
+    with pytest.raises(FileNotFoundError) as raised:
+        sources.tinyshakespeare(tmp_path / "default", "train")
+    assert str(raised.value).endswith(": python -m experiments.data --corpus=tinyshakespeare")
+    assert "tinyshakespeare/input.txt is missing" in str(raised.value)
+    with pytest.raises(FileNotFoundError) as raised:
+        sources.multi30k(tmp_path / "my data", "val")
+    command = f"python -m experiments.data --corpus=multi30k --data_dir='{tmp_path}/my data'"
+    assert str(raised.value).endswith(f": {command}")
 
 
 # --- tokenizers --------------------------------------------------------------------------------
@@ -304,8 +315,8 @@ def test_empty_split_and_missing_eval_path(tmp_path):
         datasets.DataConfig(name="multi30k")
 
 
-def test_multi30k_on_a_fake_folder_and_corrupt_file(tmp_path):
-    root = _fake_corpus(tmp_path / "data", _multi30k_files(PAIRS))
+def test_multi30k_on_a_fake_folder_and_corrupt_file(tmp_path, fake_corpus):
+    root = fake_corpus(tmp_path / "data", _multi30k_files(PAIRS))
     cfg = datasets.DataConfig(name="multi30k", dir=str(root), eval_split="val", tokenizer="word")
     examples = datasets.load(cfg, "encoder_decoder", seed=0)
     assert examples.references == [t for _, t in PAIRS]
@@ -314,7 +325,7 @@ def test_multi30k_on_a_fake_folder_and_corrupt_file(tmp_path):
     )
     assert datasets.load(reverse, "encoder_decoder", seed=0).references == [s for s, _ in PAIRS]
     (root / "multi30k" / "val.de").write_text("tampered\n")
-    with pytest.raises(ValueError, match=r"checksum mismatch for .*val.de"):
+    with pytest.raises(ValueError, match=r"checksum mismatch for .*val.de.*--corpus=multi30k"):
         datasets.load(cfg, "encoder_decoder", seed=0)
 
 
@@ -344,8 +355,8 @@ def test_hub_reads_translation_records_offline(tmp_path, monkeypatch):
         )
 
 
-def test_dropped_examples_are_logged(tmp_path, caplog):
-    root = _fake_corpus(tmp_path, _multi30k_files(PAIRS))
+def test_dropped_examples_are_logged(tmp_path, caplog, fake_corpus):
+    root = fake_corpus(tmp_path, _multi30k_files(PAIRS))
     cfg = datasets.DataConfig(
         name="multi30k", dir=str(root), eval_split="val", max_source_len=7, max_target_len=7
     )
@@ -355,7 +366,7 @@ def test_dropped_examples_are_logged(tmp_path, caplog):
     assert examples.references == [PAIRS[0][1], PAIRS[3][1]]  # 7 ids or fewer with EOS
 
 
-# --- the shared corpora ------------------------------------------------------------------------
+# --- the real corpora --------------------------------------------------------------------------
 
 
 def test_multi30k_shared_corpus(data_dir):

@@ -140,7 +140,7 @@ MLM = ["model.encoder_head=mlm", "data.tokenizer=word"]
         ("configs/lm.py:tiny", ["data.pack=false"]),
         ("configs/lm.py:tiny", FILES_TEXT),  # a text stream from a file: windows, never packed
         ("configs/lm.py:tiny", FILES_TSV),  # pairs from a file, packed
-        ("configs/shakespeare_char.py:tiny", []),  # a text stream of a TEXT source
+        ("configs/shakespeare_char.py:tiny", ["data.dir={dir}"]),  # a text stream of a TEXT source
         ("configs/base.py:tiny", REVERSE),  # seq2seq, padded
         ("configs/base.py:tiny", [*REVERSE, "data.pack=true", "data.packed_source_len=24"]),
         ("configs/base.py:tiny", [*FILES_TSV, "data.pack=true"]),
@@ -149,10 +149,11 @@ MLM = ["model.encoder_head=mlm", "data.tokenizer=word"]
         ("configs/classify.py:tiny", [*MLM, *FILES_TEXT]),  # masked LM on a text stream
     ],
 )
-def test_row_shapes_are_those_of_the_loaded_data(spec, overrides, tmp_path):
+def test_row_shapes_are_those_of_the_loaded_data(spec, overrides, tmp_path, fake_corpus):
     """`train_row_shapes` (what `build` and the planner take the train state's sample from)
     gives each field of the first loaded training row, every field int32."""
     (tmp_path / "corpus.txt").write_text("the cat sat on the mat\n" * 40)
+    fake_corpus(tmp_path, {"tinyshakespeare/input.txt": "the cat sat on the mat\n" * 40})
     (tmp_path / "pairs.tsv").write_text("a b c\tc b a\nd e\te d\n" * 10)
     overrides = [o.format(dir=tmp_path) for o in overrides]
     config = config_utils.load_config(spec, overrides)

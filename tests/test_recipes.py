@@ -1,13 +1,13 @@
 """The corpus recipes (configs/multi30k.py, shakespeare_char.py, listops.py, wmt14.py) build and
 run end to end on small local corpora; checkpoint averaging and window-sampled LM loss."""
 
-import hashlib
 import importlib
 import pathlib
 
 import jax
 import numpy as np
 import pytest
+import tiny_runs
 
 from experiments import config_utils
 from tfjax import errors, models
@@ -32,16 +32,6 @@ RECIPES = [
     "configs/wmt14.py:base",
     "configs/wmt14.py:big",
 ]
-
-
-def _corpus(root: pathlib.Path, files: dict[str, str]) -> str:
-    lines = []
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text, encoding="utf-8")
-        lines.append(f"{hashlib.sha256(text.encode()).hexdigest()}  {name}\n")
-    (root / sources.CHECKSUM_FILE).write_text("".join(lines))
-    return str(root)
 
 
 def _every_preset() -> list[str]:
@@ -119,18 +109,22 @@ def test_the_run_check_refuses_a_vocabulary_of_one():
 
 
 @pytest.fixture(scope="module")
-def multi30k_workdir(tmp_path_factory) -> pathlib.Path:
+def multi30k_workdir(tmp_path_factory):
+    """A run trained on a stand-in Multi30k, whose sums count as the shipped ones while the
+    module's tests use it (evaluating reads the data again)."""
     root = tmp_path_factory.mktemp("data")
     files = {}
     for split in sources.MULTI30K_SPLITS:
         files[f"multi30k/{split}.en"] = "".join(f"{s}\n" for s, _ in SENTENCES * 4)
         files[f"multi30k/{split}.de"] = "".join(f"{t}\n" for _, t in SENTENCES * 4)
-    overrides = [f"data.dir={_corpus(root, files)}", "train.num_train_steps=8"]
-    config = config_utils.load_config("configs/multi30k.py:tiny", overrides)
-    path = tmp_path_factory.mktemp("multi30k")
-    result = trainer.train_and_evaluate(config, path)
-    assert 0 <= result["greedy_bleu"] <= 100
-    return path
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        tiny_runs.write_corpus(monkeypatch, root, files)
+        overrides = [f"data.dir={root}", "train.num_train_steps=8"]
+        config = config_utils.load_config("configs/multi30k.py:tiny", overrides)
+        path = tmp_path_factory.mktemp("multi30k")
+        result = trainer.train_and_evaluate(config, path)
+        assert 0 <= result["greedy_bleu"] <= 100
+        yield path
 
 
 @pytest.mark.slow
@@ -172,10 +166,10 @@ def test_checkpoint_average_is_the_mean_of_the_saved_parameters(multi30k_workdir
 
 
 @pytest.mark.slow
-def test_shakespeare_recipe_scores_the_whole_val_split(tmp_path):
+def test_shakespeare_recipe_scores_the_whole_val_split(tmp_path, fake_corpus):
     line = "FIRST CITIZEN:\nWe are accounted poor citizens, line {}.\n"
     text = "".join(line.format(i) for i in range(60))
-    root = _corpus(tmp_path / "data", {"tinyshakespeare/input.txt": text})
+    root = fake_corpus(tmp_path / "data", {"tinyshakespeare/input.txt": text})
     config = config_utils.load_config(
         "configs/shakespeare_char.py:tiny", [f"data.dir={root}", "train.max_eval_examples=0"]
     )

@@ -141,10 +141,10 @@ def test_load_reports_a_missing_data_directory_as_such(trained, tmp_path, monkey
     from tfjax.runs import build
 
     def build_without_data(config, path):
-        sources.data_dir(str(tmp_path / "missing"))  # raises, as for an unset TFJAX_DATA_DIR
+        sources.tinyshakespeare(tmp_path / "missing", "train")  # raises: no corpus there
 
     monkeypatch.setattr(build, "build", build_without_data)
-    with pytest.raises(FileNotFoundError, match=r"data directory .*missing.* does not exist"):
+    with pytest.raises(FileNotFoundError, match=r"corpus tinyshakespeare is not in .*missing"):
         workdir.load(trained("seq2seq_word"))
 
 

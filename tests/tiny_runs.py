@@ -1,5 +1,7 @@
-"""Config overrides and a command runner shared by the tests that train whole runs."""
+"""Config overrides, stand-in corpora and a command runner shared by the tests that train whole
+runs."""
 
+import hashlib
 import os
 import pathlib
 import subprocess
@@ -33,3 +35,17 @@ def command(module: str, *args: str, stdin: str | bytes = "") -> subprocess.Comp
         text=isinstance(stdin, str),
         timeout=600,
     )
+
+
+def write_corpus(monkeypatch, root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
+    """Writes a stand-in for a named corpus under `root` (`files`: path under the data
+    directory -> text) and makes the files' sums the shipped ones while `monkeypatch` (a
+    `pytest.MonkeyPatch`) lasts; returns `root`."""
+    from tfjax.data import corpora
+
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        monkeypatch.setitem(corpora.SHA256, name, hashlib.sha256(text.encode()).hexdigest())
+    return root

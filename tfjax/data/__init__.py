@@ -10,8 +10,9 @@ Submodules:
   * `scan`: SCAN (Lake & Baroni 2018) generated from its grammar, with the standard splits.
   * `tasks`: algorithmic tasks (copy, reverse, sort, parity, majority) from a seed.
   * `listops`: ListOps as generated for the Long Range Arena, from a seed.
-  * `sources`: text files, TSV, the checksummed local corpora (Multi30k, Tiny Shakespeare) and
-    Hugging Face hub datasets, with errors that name the file and line.
+  * `sources`: text files, TSV, the named corpora (Multi30k, Tiny Shakespeare) in the data
+    directory and Hugging Face hub datasets, with errors that name the file and line.
+  * `corpora`: the named corpora's origins, licenses, citations and shipped SHA-256 sums.
   * `tokenizers`: word, character and SentencePiece tokenizers and the special ids (PAD 0,
     BOS 1, EOS 2, UNK 3).
   * `pipeline`: encoding to padded int32 examples, grain datasets and resumable iterators.
@@ -25,6 +26,7 @@ from tfjax import _lazy
 
 _SUBMODULES = (
     "catalog",
+    "corpora",
     "datasets",
     "listops",
     "pipeline",

@@ -7,8 +7,9 @@ way from your own module.
   * Generated from the seed, no files: "scan" (`tfjax.data.scan`, split `data.scan_split`), the
     algorithmic tasks "copy", "reverse", "sort", "parity", "majority" (`tfjax.data.tasks`) and
     "listops" (`tfjax.data.listops`). Their splits are "test" and "train".
-  * Local corpora verified against SHA256SUMS (`tfjax.data.sources`): "multi30k" (translation;
-    splits train, val, test2016), "tinyshakespeare" (a text stream; splits train, val).
+  * Named corpora in the data directory, verified against the sums tfjax ships
+    (`tfjax.data.sources`, `tfjax.data.corpora`): "multi30k" (translation; splits train, val,
+    test2016), "tinyshakespeare" (a text stream; splits train, val).
   * "files": your own files. `train_path`/`eval_path` name line-aligned prefixes
     (`corpus/train` reads `corpus/train.{source_lang}` and `.{target_lang}`) or TSV files
     (source\\ttarget for translation, text\\tlabel for classification) or, for decoder_only
@@ -112,7 +113,7 @@ def _listops(request: registry.Request) -> list[tuple[str, int]]:
     )
 
 
-# --- checksummed local corpora --------------------------------------------------------------
+# --- the named corpora, checksummed ---------------------------------------------------------
 
 
 @registry.register("multi30k", formats=registry.PAIRS, splits=sources.MULTI30K_SPLITS)

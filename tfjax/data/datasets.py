@@ -51,7 +51,8 @@ class DataConfig:
 
     Attributes:
       name: a registered source (`registry.names()`; the built-ins: `tfjax.data.catalog`).
-      dir: data folder of the named corpora ("" = $TFJAX_DATA_DIR, else ../shared/data).
+      dir: data folder of the named corpora ("" = $TFJAX_DATA_DIR, else ~/.cache/tfjax/data;
+        `tfjax.data.sources.data_dir`).
       source_lang, target_lang: translation direction (multi30k, files, hub).
       train_path, eval_path: the files of `name="files"` (see `tfjax.data.catalog`); for "hub"
         with a local builder such as "json", the data files of the train and eval splits.

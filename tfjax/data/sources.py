@@ -7,8 +7,9 @@ Everything here returns plain Python strings; tokenizing and batching happen in 
     with source and target columns;
   * `read_classification`: a TSV file of (text, integer label) rows;
   * `read_text`: a whole file as one string (language modelling).
-Named corpora read from a data directory (`data.dir`, else `$TFJAX_DATA_DIR`, else
-`../shared/data` when it exists) and verify the SHA-256 sums of its `SHA256SUMS` file before use:
+Named corpora read from the data directory (`data_dir`: `data.dir`, else $TFJAX_DATA_DIR, else a
+per-user cache) and are verified against the SHA-256 sums tfjax ships (`tfjax.data.corpora`);
+a missing one is an error that names the command fetching it (`python -m experiments.data`):
   * `multi30k`: Multi30k Task 1 (Elliott et al. 2016), En-De in either direction; splits
     train (29,000), val (1,014), test2016 (1,000, the reference sacreBLEU uses);
   * `tinyshakespeare`: Karpathy's 1,115,394 characters, split 90/10 as nanoGPT does
@@ -18,16 +19,14 @@ first use), e.g. WMT14 De-En; given a builder like "json" and local files it rea
 which is how it is tested offline.
 """
 
-import functools
-import hashlib
 import os
 import pathlib
 from collections.abc import Sequence
 
 from tfjax import errors
+from tfjax.data import corpora
 
 DATA_DIR_ENV = "TFJAX_DATA_DIR"
-CHECKSUM_FILE = "SHA256SUMS"
 MULTI30K_SPLITS = ("train", "val", "test2016")
 MULTI30K_LANGS = ("en", "de")
 SHAKESPEARE_SPLITS = ("train", "val")
@@ -35,22 +34,39 @@ SHAKESPEARE_TRAIN_FRACTION = 0.9  # nanoGPT's data/shakespeare_char/prepare.py
 
 
 def data_dir(configured: str = "") -> pathlib.Path:
-    """The data directory: `configured`, else $TFJAX_DATA_DIR, else ../shared/data if present.
+    """The data directory of the named corpora; it need not exist yet.
+
+    `configured` (`data.dir`) if given, else $TFJAX_DATA_DIR, else a per-user cache:
+    $XDG_CACHE_HOME/tfjax/data (when XDG_CACHE_HOME is an absolute path), else
+    ~/.cache/tfjax/data. `python -m experiments.data` fetches corpora into the same folder.
+    """
+    chosen = configured or os.environ.get(DATA_DIR_ENV, "")
+    if chosen:
+        return pathlib.Path(chosen).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    base = pathlib.Path(cache) if os.path.isabs(cache) else pathlib.Path.home() / ".cache"
+    return base / "tfjax" / "data"
+
+
+def check_corpus(root: str | os.PathLike, name: str, files: Sequence[str]) -> None:
+    """Checks that `files` of corpus `name` are under `root` and match the shipped sums.
 
     Raises:
-        FileNotFoundError: if none of them is an existing directory.
+        FileNotFoundError: if a file is missing: the message names the command that fetches
+            the corpus into `root` (`--data_dir` only where `root` is not the default).
+        tfjax.errors.DataError: if a file's SHA-256 differs from the shipped one.
     """
-    candidates = [configured] if configured else [os.environ.get(DATA_DIR_ENV, "")]
-    if not configured and not candidates[0]:
-        candidates = [os.path.join("..", "shared", "data")]
-    path = pathlib.Path(candidates[0]).expanduser()
-    if not path.is_dir():
+    root = pathlib.Path(root)
+    default = root.resolve() == data_dir().resolve()
+    command = corpora.fetch_command(name, None if default else root)
+    absent = [f for f in files if not (root / f).is_file()]
+    if absent:
         raise FileNotFoundError(
-            f"data directory {str(path)!r} does not exist: set --config.data.dir=DIR or the "
-            f"{DATA_DIR_ENV} environment variable to the folder holding multi30k/ and "
-            "tinyshakespeare/"
+            f"corpus {name} is not in the data directory {root} ({absent[0]} is missing); "
+            f"point data.dir or ${DATA_DIR_ENV} at a folder that holds it, or fetch it with: "
+            f"{command}"
         )
-    return path
+    corpora.verify(root, files, fix=f"fetch it again with: {command}")
 
 
 def _read_bytes(path: str | os.PathLike) -> bytes:
@@ -157,50 +173,10 @@ def read_classification(path: str | os.PathLike) -> list[tuple[str, int]]:
     return examples
 
 
-@functools.cache
-def _sha256(path: pathlib.Path, size: int, mtime: float) -> str:
-    del size, mtime  # cache keys: a changed file is hashed again
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def verify_checksums(root: str | os.PathLike, names: Sequence[str]) -> None:
-    """Checks `names` (paths relative to `root`) against `root/SHA256SUMS`.
-
-    Raises:
-        FileNotFoundError: if SHA256SUMS or a named file is missing.
-        ValueError: if a file is not listed or its SHA-256 differs from the listed one.
-    """
-    root = pathlib.Path(root)
-    listing = root / CHECKSUM_FILE
-    if not listing.is_file():
-        raise FileNotFoundError(
-            f"{listing} is missing: the named corpora are verified against it; restore the data "
-            "folder (see its README) or point data.dir at a complete copy"
-        )
-    expected = {}
-    for line in read_lines(listing):
-        if line.strip():
-            digest, _, name = line.partition("  ")
-            expected[name.strip()] = digest.strip()
-    for name in names:
-        path = root / name
-        if name not in expected:
-            raise errors.DataError(f"{name} is not listed in {listing}: cannot verify it")
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such file; the data folder is incomplete")
-        stat = path.stat()
-        actual = _sha256(path, stat.st_size, stat.st_mtime)
-        if actual != expected[name]:
-            raise errors.DataError(
-                f"checksum mismatch for {path}: SHA-256 {actual}, expected {expected[name]} "
-                f"({listing}); the file is corrupt or was modified: restore the original"
-            )
-
-
 def multi30k(
     root: str | os.PathLike, split: str, *, source_lang: str = "en", target_lang: str = "de"
 ) -> list[tuple[str, str]]:
-    """Multi30k (Task 1) pairs of `split`, verified against SHA256SUMS.
+    """Multi30k (Task 1) pairs of `split`, verified against the shipped sums.
 
     Raises:
         ValueError: for an unknown split or language pair, or a checksum mismatch.
@@ -214,7 +190,7 @@ def multi30k(
             f"target_lang={target_lang!r}"
         )
     names = [f"multi30k/{split}.{lang}" for lang in (source_lang, target_lang)]
-    verify_checksums(root, names)
+    check_corpus(root, "multi30k", names)
     return read_parallel(pathlib.Path(root) / names[0], pathlib.Path(root) / names[1])
 
 
@@ -229,9 +205,9 @@ def split_text(text: str, split: str, train_fraction: float) -> str:
 
 
 def tinyshakespeare(root: str | os.PathLike, split: str) -> str:
-    """Split `split` ("train" or "val") of Tiny Shakespeare, verified against SHA256SUMS."""
+    """Split `split` ("train" or "val") of Tiny Shakespeare, verified against the shipped sum."""
     name = "tinyshakespeare/input.txt"
-    verify_checksums(root, [name])
+    check_corpus(root, "tinyshakespeare", [name])
     return split_text(read_text(pathlib.Path(root) / name), split, SHAKESPEARE_TRAIN_FRACTION)
 
 
