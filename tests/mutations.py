@@ -8,8 +8,9 @@ directory (without .git, __pycache__ and *.egg-info), applies the change there, 
     python -m pytest -m "" -x -q -p no:cacheprovider -n 0 <selection>
 
 in the copy, with PYTHONPATH=<copy> (so the copy's `tfjax`, `experiments` and `configs` are
-imported, not the editable install; checked before each run) and TFJAX_DATA_DIR pointing at the
-original checkout's ../shared/data when that exists. `-m ""` selects slow tests too.
+imported, not the editable install; checked before each run) and a relative TFJAX_DATA_DIR
+resolved against the original checkout, so that the copy reads the same corpora (unset, the copy
+reads the per-user default as any run does). `-m ""` selects slow tests too.
 
 A mutation is "caught" when pytest fails (a nonzero exit). It SURVIVED when the selection passes,
 and it is an ERROR of the list when its `old` text is not found exactly once, when the selection
@@ -398,6 +399,50 @@ MUTATIONS = [
         "stream = np.array(ids, dtype=np.int32)  # a private copy",
         "stream = np.asarray(ids, dtype=np.int32)  # a private copy",
         "tests/test_data_sources.py::test_train_windows_are_read_only_views_of_a_private_copy",
+    ),
+    # The named corpora: the data directory, the shipped sums, fetching (issue 60)
+    M(
+        "data-dir-ignores-xdg-cache-home",
+        "tfjax/data/sources.py",
+        'base = pathlib.Path(cache) if os.path.isabs(cache) else pathlib.Path.home() / ".cache"',
+        'base = pathlib.Path.home() / ".cache"',
+        "tests/test_data_sources.py::test_data_dir_resolution",
+    ),
+    M(
+        "missing-corpus-command-without-its-data-dir",
+        "tfjax/data/sources.py",
+        "command = corpora.fetch_command(name, None if default else root)",
+        "command = corpora.fetch_command(name)",
+        "tests/test_data_sources.py::test_a_missing_corpus_names_the_command_that_fetches_it",
+    ),
+    M(
+        "corpus-checksum-not-compared",
+        "tfjax/data/corpora.py",
+        "        if actual != expected:",
+        "        if False:",
+        "tests/test_data_sources.py::"
+        "test_checksums_verified_against_the_shipped_sums_and_mismatch_named",
+    ),
+    M(
+        "fetch-installs-unverified-files",
+        "tfjax/data/fetch.py",
+        "        if actual != expected:",
+        "        if False:",
+        "tests/test_data_fetch.py::test_a_download_with_the_wrong_sum_installs_nothing",
+    ),
+    M(
+        "fetch-keeps-the-gzip-bytes",
+        "tfjax/data/fetch.py",
+        "    if not gzipped:\n        return data",
+        "    if True:\n        return data",
+        "tests/test_data_fetch.py::test_download_gunzips_verifies_and_keeps_what_is_in_place",
+    ),
+    M(
+        "fetch-downloads-verified-files-again",
+        "tfjax/data/fetch.py",
+        "if keep_verified and target.is_file()",
+        "if False and target.is_file()",
+        "tests/test_data_fetch.py::test_download_gunzips_verifies_and_keeps_what_is_in_place",
     ),
     M(
         "mlm-specials-selectable",
@@ -1017,8 +1062,6 @@ def environment(copy: pathlib.Path) -> dict[str, str]:
     data = env.get("TFJAX_DATA_DIR")
     if data:  # a relative setting must still name the original's folder
         env["TFJAX_DATA_DIR"] = str(pathlib.Path(data).resolve())
-    elif (ROOT.parent / "shared" / "data").exists():
-        env["TFJAX_DATA_DIR"] = str((ROOT.parent / "shared" / "data").resolve())
     return env
 
 

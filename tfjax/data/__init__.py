@@ -13,6 +13,7 @@ Submodules:
   * `sources`: text files, TSV, the named corpora (Multi30k, Tiny Shakespeare) in the data
     directory and Hugging Face hub datasets, with errors that name the file and line.
   * `corpora`: the named corpora's origins, licenses, citations and shipped SHA-256 sums.
+  * `fetch`: a named corpus into the data directory, downloaded or from the user's files.
   * `tokenizers`: word, character and SentencePiece tokenizers and the special ids (PAD 0,
     BOS 1, EOS 2, UNK 3).
   * `pipeline`: encoding to padded int32 examples, grain datasets and resumable iterators.
@@ -28,6 +29,7 @@ _SUBMODULES = (
     "catalog",
     "corpora",
     "datasets",
+    "fetch",
     "listops",
     "pipeline",
     "registry",
