@@ -220,3 +220,106 @@ def test_blocks_and_commands_are_found():
         ("launch_local", ["--processes=2"]),
         ("train", ["--config=configs/base.py:tiny"]),
     ]
+
+
+CELL_LIMIT = 300  # characters; what needs more goes in prose or a list below the table
+# GitHub's and MyST's rule: an unescaped pipe splits a cell, inside backticks too.
+_CELL_SPLIT = re.compile(r"(?<!\\)\|")
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def prose(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of the page outside fenced blocks and HTML comments."""
+    out, fence, comment = [], False, False
+    for n, line in enumerate(text.splitlines(), 1):
+        if comment or fence:
+            comment = comment and "-->" not in line
+            fence = fence and line.strip() != "```"
+        elif FENCE.match(line):
+            fence = True
+        elif line.lstrip().startswith("<!--") and "-->" not in line:
+            comment = True
+        else:
+            out.append((n, line))
+    return out
+
+
+def table_rows(text: str) -> list[list[tuple[int, list[str]]]]:
+    """Each Markdown table of the page: its rows as (line number, stripped cells)."""
+    tables: list[list[tuple[int, list[str]]]] = []
+    previous = -1
+    for n, line in prose(text):
+        if not line.strip().startswith("|"):
+            continue
+        cells = [c.strip() for c in _CELL_SPLIT.split(line.strip().strip("|"))]
+        if n != previous + 1:
+            tables.append([])
+        tables[-1].append((n, cells))
+        previous = n
+    return tables
+
+
+def anchors(text: str) -> set[str]:
+    """The heading anchors MyST (`myst_heading_anchors`) and GitHub give the page's headings."""
+    found: set[str] = set()
+    for _, line in prose(text):
+        match = re.match(r"#{1,6} (.*)", line)
+        if match:
+            title = re.sub(r"[`*]", "", match.group(1)).strip()
+            slug = re.sub(r"[^\w\u4e00-\u9fff\- ]", "", title.lower().replace(" ", "-"))
+            unique, i = slug, 1
+            while unique in found:
+                unique, i = f"{slug}-{i}", i + 1
+            found.add(unique)
+    return found
+
+
+@pytest.mark.parametrize("path", PAGES, ids=_page_id)
+def test_table_cells_are_short_and_rows_complete(path):
+    """No table cell over CELL_LIMIT characters (the generated results tables included), and
+    every row has its header's number of cells (an unescaped pipe, even in backticks, would
+    split a cell and drop the row's last ones)."""
+    problems = []
+    for table in table_rows(path.read_text()):
+        width = len(table[0][1])
+        for n, cells in table:
+            if len(cells) != width:
+                problems.append(f"line {n}: {len(cells)} cells, the header has {width}")
+            problems += [
+                f"line {n}: a cell of {len(c)} characters: {c[:60]}..."
+                for c in cells
+                if len(c) > CELL_LIMIT
+            ]
+    assert not problems, f"{_page_id(path)}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", PAGES, ids=_page_id)
+def test_links_between_pages_resolve(path):
+    """Every relative link to a page of the docs names a file that exists and, with #anchor,
+    one of its headings (Sphinx checks docs/ too; README.md is outside its build)."""
+    problems = []
+    for n, line in prose(path.read_text()):
+        for target in _LINK.findall(line):
+            page, _, anchor = target.partition("#")
+            if "://" in target or not (page.endswith(".md") or (not page and anchor)):
+                continue
+            linked = (path.parent / page).resolve() if page else path
+            if not linked.exists():
+                problems.append(f"line {n}: {target}: no such page")
+            elif anchor and anchor not in anchors(linked.read_text()):
+                problems.append(f"line {n}: {target}: no such heading")
+    assert not problems, f"{_page_id(path)}:\n" + "\n".join(problems)
+
+
+def test_table_and_link_checks_catch_what_they_should():
+    text = "# A `b` title\n\n## A `b` title\n\n| a | b |\n|---|---|\n| `x|y` | z |\n"
+    text += f"| {'w' * (CELL_LIMIT + 1)} | v |\n\n"
+    text += "```text\n| not | a | table |\n# nor a title\n```\n"
+    text += "<!-- docs-test: setup\n# a comment\n-->\n"
+    (rows,) = table_rows(text)
+    assert [len(cells) for _, cells in rows] == [2, 2, 3, 2]
+    assert rows[3][0] == 8 and max(len(c) for c in rows[3][1]) == CELL_LIMIT + 1
+    assert anchors(text) == {"a-b-title", "a-b-title-1"}
+    assert "where-the-two-steps-time-goes-and-why-15x-is-out-of-reach" in anchors(
+        "### Where the two steps' time goes, and why 1.5x is out of reach\n"
+    )
