@@ -12,12 +12,18 @@ the last digit shown)) or not.
 `--quick` runs the same recipe for 2 steps and scores 8 examples: not a result, a check that the
 recipe still builds, trains, saves and evaluates (the slow tests run it for every row).
 `--list` prints the rows.
+
+Before the first seed trains, the flags (`--seeds`: integers >= 0, each once), the seeds'
+workdirs (fresh: none may exist) and every record of the row (`--records_dir`,
+`experiments.results.read_record`) are checked: each problem is one `error:` line naming the
+flag or the file, and the exit status 2.
 """
 
 import json
 import os
 import pathlib
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -25,6 +31,7 @@ import time
 from absl import flags
 
 from experiments import cli, results
+from tfjax import errors
 
 FLAGS = flags.FLAGS
 QUICK_TRAIN = (
@@ -104,14 +111,57 @@ def environment() -> dict:
     }
 
 
+def workdir_of(row_name: str, seed: int, root: pathlib.Path, quick: bool) -> pathlib.Path:
+    """The fresh workdir seed `seed` of a row trains in."""
+    return root / f"{row_name}{'_quick' if quick else ''}_seed{seed}"
+
+
+def parse_seeds(values: list[str]) -> list[int]:
+    """The seeds of `--seeds` (its comma-separated items), checked.
+
+    Raises:
+        experiments.cli.UsageError: for no seed, one that is no integer >= 0, or a repeat.
+    """
+    given = f"--seeds={','.join(values)}"
+    if not values:
+        raise cli.UsageError(f"{given}: no seed given; give one or more, e.g. --seeds=0,1,2")
+    seeds = []
+    for value in values:
+        if not re.fullmatch(r"[0-9]+", value):
+            raise cli.UsageError(
+                f"{given}: {value!r} is not a seed (an integer >= 0); e.g. --seeds=0,1,2"
+            )
+        if int(value) in seeds:
+            raise cli.UsageError(f"{given}: seed {int(value)} is given twice; give each once")
+        seeds.append(int(value))
+    return seeds
+
+
+def check_start(
+    row_name: str, seeds: list[int], root: pathlib.Path, quick: bool, records: pathlib.Path
+) -> list[str]:
+    """What would stop a run after some seeds trained, checked before the first: a workdir
+    that exists, and (unless `quick`, which reads none) the row's records in `records`.
+
+    Returns:
+        One message per record that cannot be used (`results.record_problems`).
+
+    Raises:
+        experiments.cli.UsageError: for a workdir that exists.
+    """
+    for seed in seeds:
+        workdir = workdir_of(row_name, seed, root, quick)
+        if workdir.exists():
+            raise cli.UsageError(
+                f"{workdir} exists: reproduce trains in fresh workdirs; move it away or pass "
+                "another --workdir_root"
+            )
+    return [] if quick else results.record_problems(records, rows=[row_name])
+
+
 def run_seed(row_name: str, seed: int, root: pathlib.Path, quick: bool) -> dict:
     """Trains and evaluates one seed in a fresh workdir; returns (and writes) its record."""
-    workdir = root / f"{row_name}{'_quick' if quick else ''}_seed{seed}"
-    if workdir.exists():
-        raise cli.UsageError(
-            f"{workdir} exists: reproduce trains in fresh workdirs; move it away or pass "
-            "another --workdir_root"
-        )
+    workdir = workdir_of(row_name, seed, root, quick)
     load = [round(os.getloadavg()[0], 2)]  # other work beside the run slows it: say how much
     platform_, before = dot_ceiling(0 if quick else 3)
     walls = []
@@ -185,27 +235,40 @@ def main(argv):
     row_name = FLAGS.row
     if FLAGS.record and FLAGS.quick:
         raise cli.UsageError("--quick runs are checks, not results: drop --record")
-    seeds = [int(s) for s in FLAGS.seeds]
-    new = [run_seed(row_name, s, pathlib.Path(FLAGS.workdir_root), FLAGS.quick) for s in seeds]
+    seeds = parse_seeds(FLAGS.seeds)
+    root, records = pathlib.Path(FLAGS.workdir_root), pathlib.Path(FLAGS.records_dir)
+    problems = check_start(row_name, seeds, root, FLAGS.quick, records)
+    for problem in problems[:-1]:  # every one named before the exit
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        raise errors.DataError(problems[-1])
+    new = [run_seed(row_name, s, root, FLAGS.quick) for s in seeds]
     if FLAGS.quick:
         metric = results.ROWS[row_name].metric
         for record in new:
             value = record["metrics"][metric]
             print(f"seed {record['seed']}: trains and evaluates ({metric} {value:.4g} at step 2)")
         return
-    recorded = [r for r in results.load_records(row_name) if r.get("provenance") != "quick"]
+    recorded = [
+        r for r in results.load_records(row_name, records) if r.get("provenance") != "quick"
+    ]
     for line in verdicts(row_name, new, recorded):
         print(line)
     if FLAGS.record:
-        directory = results.RECORDS / row_name
-        directory.mkdir(parents=True, exist_ok=True)
-        for old in directory.glob("*.json"):  # measured records supersede transcribed ones
-            if json.loads(old.read_text()).get("provenance") == "transcribed":
-                old.unlink()
-        for record in new:
-            path = directory / f"seed{record['seed']}.json"
-            path.write_text(json.dumps(record, indent=2) + "\n")
-            print(f"written: {path.relative_to(results.ROOT)}")
+        file_records(row_name, new, records / row_name)
+
+
+def file_records(row_name: str, new: list[dict], directory: pathlib.Path) -> None:
+    """Writes `new` into `directory` (the row's records), where measured records supersede
+    the transcribed ones."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.glob("*.json"):
+        if results.read_record(old, row_name).get("provenance") == "transcribed":
+            old.unlink()
+    for record in new:
+        path = directory / f"seed{record['seed']}.json"
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"written: {results.shown(path)}")
 
 
 if __name__ == "__main__":
@@ -213,6 +276,11 @@ if __name__ == "__main__":
     flags.DEFINE_list("seeds", ["0"], "Seeds to run, e.g. 0,1,2.")
     flags.DEFINE_string("workdir_root", "runs/reproduce", "Where the fresh workdirs go.")
     flags.DEFINE_bool("quick", False, "2 steps and 8 examples: check the recipe still runs.")
-    flags.DEFINE_bool("record", False, "File the records under docs/records/<row>/.")
+    flags.DEFINE_bool("record", False, "File the records under --records_dir/<row>/.")
+    flags.DEFINE_string(
+        "records_dir",
+        str(results.RECORDS),
+        "Where the recorded runs are read (and --record files new ones).",
+    )
     flags.DEFINE_bool("list", False, "Print the rows and exit.")
     cli.main(main, compilation_cache=False)

@@ -13,6 +13,11 @@ fails when a table and the records disagree, so no figure in them is typed by ha
 A record whose `provenance` is `transcribed` was copied from the run log of a run made before
 records existed (its command, date, host and figures as logged then); the tables mark such rows
 with † until measured records replace them.
+
+Both forms first check every record (`read_record`, `record_problems`): a file that cannot be
+used (cut short, empty, not UTF-8, without a key the tables read, named for another seed, a
+folder named like a record) is one line `error: <file> ...: <the fix>` each, the exit status 2,
+and no table is written.
 """
 
 import dataclasses
@@ -20,6 +25,9 @@ import json
 import pathlib
 import statistics
 import sys
+from collections.abc import Sequence
+
+from tfjax import errors
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "docs" / "records"
@@ -137,9 +145,110 @@ ROWS = {
 }
 
 
-def load_records(row: str, directory: pathlib.Path = RECORDS) -> list[dict]:
-    """The records of `row`, in file-name order (seed0, seed1, ...)."""
-    return [json.loads(p.read_text()) for p in sorted((directory / row).glob("*.json"))]
+def load_records(row: str, directory: pathlib.Path | None = None) -> list[dict]:
+    """The records of `row` (in `directory`, default `RECORDS`), in file-name order (seed0,
+    seed1, ...).
+
+    Raises:
+        tfjax.errors.DataError: for the first record that cannot be used (`read_record`).
+    """
+    folder = (RECORDS if directory is None else directory) / row
+    return [read_record(path, row) for path in sorted(folder.glob("*.json"))]
+
+
+def shown(path: pathlib.Path) -> str:
+    """`path` as a message gives it: relative to the checkout when inside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def read_record(path: pathlib.Path, row: str) -> dict:
+    """The record in `path`, a file of `row`'s folder, checked for what the tables read.
+
+    Raises:
+        tfjax.errors.DataError: naming the file and the fix, for a folder, a file that cannot
+            be read, bytes that are not UTF-8 JSON, or a record without its row, seed, date,
+            host, train wall time or the row's metric.
+    """
+    where = shown(path)
+    if path.is_dir():
+        raise errors.DataError(f"{where} is a folder, not a record file: move it out of the way")
+    fix = f"restore it (git checkout -- {where}) or move it out of the way"
+    try:
+        data = path.read_bytes()
+        record = json.loads(data.decode("utf-8")) if data.strip() else None
+    except OSError as err:
+        raise errors.DataError(f"{where} cannot be read ({err.strerror}): {fix}") from None
+    except UnicodeDecodeError as err:
+        raise errors.DataError(
+            f"{where}: byte {data[err.start]:#04x} at offset {err.start} is not UTF-8: {fix}"
+        ) from None
+    except json.JSONDecodeError as err:
+        raise errors.DataError(f"{where} is not valid JSON ({err}): {fix}") from None
+    problem = "is empty" if record is None else _record_problem(record, row, path.name)
+    if problem:
+        raise errors.DataError(f"{where} {problem}: {fix}")
+    return record
+
+
+def _field(record: dict, *keys: str) -> object:
+    """`record[k0][k1]...`, or None where a key or an object on the way is missing."""
+    for key in keys:
+        if not isinstance(record, dict):
+            return None
+        record = record.get(key)
+    return record
+
+
+def _record_problem(record: object, row: str, file_name: str) -> str:
+    """What keeps `record` (of `row`, read from `file_name`) out of the tables; "" if nothing."""
+    if not isinstance(record, dict):
+        return f"holds a JSON {type(record).__name__}, not a record (a JSON object)"
+    number = lambda x: isinstance(x, int | float) and not isinstance(x, bool)  # noqa: E731
+    metric = ROWS[row].metric
+    checks = (
+        ("row", _field(record, "row") == row, f"the name of its folder, {row!r}"),
+        ("seed", isinstance(_field(record, "seed"), int) and number(record["seed"]), "an integer"),
+        ("date", isinstance(_field(record, "date"), str), "a string"),
+        ("host", isinstance(_field(record, "host"), dict), "an object"),
+        ("wall_s.train", number(_field(record, "wall_s", "train")), "a number"),
+        (f"metrics.{metric}", number(_field(record, "metrics", metric)), "a number"),
+    )
+    for key, good, wanted in checks:
+        if not good:
+            return f"has no key {key!r} that is {wanted}"
+    if file_name != f"seed{record['seed']}.json":
+        return f"holds seed {record['seed']}, so its name must be seed{record['seed']}.json"
+    return ""
+
+
+def record_problems(
+    directory: pathlib.Path | None = None, rows: Sequence[str] | None = None
+) -> list[str]:
+    """One message per record under `directory` (default `RECORDS`) that cannot be used
+    (`read_record`), and per folder there that names no row; [] when all are good. With
+    `rows`, only the folders of those rows."""
+    directory = RECORDS if directory is None else directory
+    if not directory.is_dir():
+        return []
+    problems = []
+    for folder in sorted(p for p in directory.iterdir() if p.is_dir()):
+        if rows is not None and folder.name not in rows:
+            continue
+        if folder.name not in ROWS:
+            problems.append(
+                f"{shown(folder)} names no row of experiments.results.ROWS: rename it to its "
+                "row or move it out of the way"
+            )
+            continue
+        for path in sorted(folder.glob("*.json")):
+            try:
+                read_record(path, folder.name)
+            except errors.DataError as err:
+                problems.append(str(err))
+    return problems
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,8 +289,9 @@ def _figure(summary: Summary, row: Row) -> str:
     return f"{mean} ± {summary.std * row.scale:.{row.digits}f} (n = {summary.n})"
 
 
-def table(kind: str, directory: pathlib.Path = RECORDS) -> str:
-    """The Markdown table of every row with records: `short` (README) or `full` (docs)."""
+def table(kind: str, directory: pathlib.Path | None = None) -> str:
+    """The Markdown table of every row with records (in `directory`, default `RECORDS`):
+    `short` (README) or `full` (docs)."""
     if kind == "short":
         lines = [
             "| recipe | task | metric | mean ± std (n) | train time | reproduce |",
@@ -231,7 +341,7 @@ def _host(record: dict) -> str:
     return f"{host.get('cores', '?')}-core {host.get('accelerator', 'cpu')}, {spread}"
 
 
-def render(text: str, kind: str, directory: pathlib.Path = RECORDS) -> str:
+def render(text: str, kind: str, directory: pathlib.Path | None = None) -> str:
     """`text` with the table between its markers replaced by the generated one."""
     begin, end = BEGIN.format(kind), END.format(kind)
     head, found, rest = text.partition(begin)
@@ -240,22 +350,33 @@ def render(text: str, kind: str, directory: pathlib.Path = RECORDS) -> str:
     return f"{head}{begin}\n{table(kind, directory)}\n{end}{rest.partition(end)[2]}"
 
 
-def stale_tables() -> list[str]:
+def stale_tables(directory: pathlib.Path | None = None) -> list[str]:
     """The files whose generated table differs from the records (or lacks its markers)."""
     stale = []
     for path, kind in TABLES.items():
         text = path.read_text(encoding="utf-8")
         try:
-            if render(text, kind) != text:
+            if render(text, kind, directory) != text:
                 stale.append(str(path.relative_to(ROOT)))
         except ValueError as err:
             stale.append(f"{path.relative_to(ROOT)}: {err}")
     return stale
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], records: pathlib.Path | None = None) -> int:
+    """Rewrites the tables from the records (in `records`, default `RECORDS`), or with
+    `--check` says which differ; first refuses every record that cannot be used, one
+    `error:` line each. Returns the exit status: 0, or 2 for errors."""
+    if argv[1:] not in ([], ["--check"]):
+        print("usage: python -m experiments.results [--check]", file=sys.stderr)
+        return 2
+    problems = record_problems(records)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        return 2
     if argv[1:] == ["--check"]:
-        stale = stale_tables()
+        stale = stale_tables(records)
         for name in stale:
             print(
                 f"error: {name}: the results table differs from docs/records; "
@@ -263,11 +384,15 @@ def main(argv: list[str]) -> int:
                 file=sys.stderr,
             )
         return 2 if stale else 0
-    if argv[1:]:
-        print("usage: python -m experiments.results [--check]", file=sys.stderr)
-        return 2
+    rendered = {}
     for path, kind in TABLES.items():
-        path.write_text(render(path.read_text(encoding="utf-8"), kind), encoding="utf-8")
+        try:
+            rendered[path] = render(path.read_text(encoding="utf-8"), kind, records)
+        except ValueError as err:
+            print(f"error: {path.relative_to(ROOT)}: {err}; put them back", file=sys.stderr)
+            return 2
+    for path, text in rendered.items():
+        path.write_text(text, encoding="utf-8")
         print(f"written: {path.relative_to(ROOT)}")
     return 0
 

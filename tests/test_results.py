@@ -8,6 +8,7 @@ import pytest
 import tiny_runs
 
 from experiments import reproduce, results
+from tfjax import errors
 
 
 def _record(row: str, seed: int, value: float, wall: float = 60.0, **extra) -> dict:
@@ -133,3 +134,108 @@ def test_every_row_still_trains_and_evaluates(row, tmp_path):
     record = json.loads((tmp_path / f"{row}_quick_seed3" / "record.json").read_text())
     assert record["seed"] == 3 and record["evaluation"]["step"] == 2
     assert math.isfinite(record["metrics"][results.ROWS[row].metric])
+
+
+# -- bad input: flags and records, refused before anything trains ---------------------------
+
+
+def _bad_records(directory: pathlib.Path) -> dict[str, str]:
+    """A good record of lm_reverse and one of every kind that cannot be used; {file: words}."""
+    _write(directory, _record("lm_reverse", 0, 0.5))
+    folder = directory / "lm_reverse"
+    good = json.dumps(_record("lm_reverse", 4, 0.5))
+    (folder / "seed1.json").write_text(good[: len(good) // 2])  # cut short
+    (folder / "seed2.json").write_text("")
+    (folder / "seed3.json").write_bytes(good.encode().replace(b"cpu", b"\xe9pu"))  # latin-1
+    keyless = _record("lm_reverse", 4, 0.5)
+    del keyless["metrics"]
+    (folder / "seed4.json").write_text(json.dumps(keyless))
+    (folder / "seed5.json").write_text("[1, 2]")
+    (folder / "seed9.json").mkdir()
+    return {
+        "seed1.json": "is not valid JSON",
+        "seed2.json": "is empty",
+        "seed3.json": "byte 0xe9 at offset",
+        "seed4.json": "has no key 'metrics.accuracy'",
+        "seed5.json": "holds a JSON list, not a record",
+        "seed9.json": "is a folder, not a record file",
+    }
+
+
+def test_each_bad_record_is_one_error_line_naming_it_and_no_table_is_written(tmp_path, capsys):
+    expected = _bad_records(tmp_path)
+    tables = {path: path.read_bytes() for path in results.TABLES}
+    for argv in (["results"], ["results", "--check"]):
+        assert results.main(argv, tmp_path) == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == len(expected)
+        for line, (name, words) in zip(lines, sorted(expected.items()), strict=True):
+            assert line.startswith(f"error: {tmp_path / 'lm_reverse' / name}")
+            assert words in line and ("git checkout" in line or "move it out" in line)
+    assert {path: path.read_bytes() for path in results.TABLES} == tables
+    with pytest.raises(errors.DataError, match=r"seed1\.json is not valid JSON"):
+        results.load_records("lm_reverse", tmp_path)
+
+
+def test_a_record_under_the_wrong_name_or_row_is_refused(tmp_path):
+    _write(tmp_path, _record("lm_reverse", 0, 0.5))
+    (tmp_path / "lm_reverse" / "seed0.json").rename(tmp_path / "lm_reverse" / "seed7.json")
+    (tmp_path / "lm_revers").mkdir()
+    (tmp_path / "shakespeare_cpu").mkdir()
+    (tmp_path / "shakespeare_cpu" / "seed0.json").write_text(
+        json.dumps(_record("lm_reverse", 0, 0.5))
+    )
+    problems = results.record_problems(tmp_path)
+    assert len(problems) == 3
+    assert problems[0].endswith(
+        "lm_revers names no row of experiments.results.ROWS: rename it "
+        "to its row or move it out of the way"
+    )
+    assert "seed7.json holds seed 0, so its name must be seed0.json" in problems[1]
+    assert "has no key 'row' that is the name of its folder, 'shakespeare_cpu'" in problems[2]
+    assert results.record_problems(tmp_path, rows=["shakespeare_cpu"]) == problems[2:]
+
+
+@pytest.mark.parametrize(
+    "seeds, words",
+    [
+        ("abc", "--seeds=abc: 'abc' is not a seed (an integer >= 0)"),
+        ("0,-1", "--seeds=0,-1: '-1' is not a seed"),
+        ("", "--seeds=: no seed given"),
+        ("5,5", "--seeds=5,5: seed 5 is given twice"),
+    ],
+)
+def test_reproduce_refuses_bad_seeds_before_training(seeds, words, tmp_path):
+    done = tiny_runs.command(
+        "reproduce", "--row=lm_reverse", "--quick", f"--seeds={seeds}", f"--workdir_root={tmp_path}"
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {words}")
+    assert list(tmp_path.iterdir()) == []  # nothing trained
+
+
+def test_reproduce_checks_every_record_and_workdir_before_training(tmp_path):
+    records, root = tmp_path / "records", tmp_path / "runs"
+    expected = _bad_records(records)
+    done = tiny_runs.command(
+        "reproduce", "--row=lm_reverse", f"--records_dir={records}", f"--workdir_root={root}"
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == len(expected) and all(line.startswith("error: ") for line in lines)
+    assert all(name in line for line, name in zip(lines, sorted(expected), strict=True))
+    assert not root.exists()
+    (root / "lm_reverse_quick_seed1").mkdir(parents=True)
+    done = tiny_runs.command(
+        "reproduce", "--row=lm_reverse", "--quick", "--seeds=0,1", f"--workdir_root={root}"
+    )
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: {root / 'lm_reverse_quick_seed1'} exists: reproduce trains in fresh workdirs"
+        )
+    )
+    assert not (root / "lm_reverse_quick_seed0").exists()  # the first seed did not train
