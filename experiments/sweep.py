@@ -20,17 +20,23 @@ standard deviation over the seeds (the seed tables of docs/results.md come from 
 then draws loss curves and final metrics against each swept value next to them
 (`experiments.plot`, which needs the `plot` extra; checked before the first run starts). The
 exit status is 1 when a run failed, 2 (with one line `error: ...`) when the sweep itself cannot
-start (an unknown sweep, a bad override). Rerunning the same sweep resumes each run from its
-checkpoints.
+start (an unknown sweep, a bad override, another sweep running in `ROOT/NAME`: the sweep holds
+that directory's workdir lock, `tfjax.runs.lock`, and a second one writes nothing). Rerunning
+the same sweep resumes each run from its checkpoints. A SIGTERM means what it means to
+`experiments.train`: the run in progress (which gets the signal too) or the vectorised group
+saves and stops, no other run starts, the summary marks them "preempted", a warning says to
+rerun, and the status is 0.
 """
 
 import csv
 import dataclasses
 import hashlib
+import logging
 import math
 import pathlib
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,6 +52,7 @@ from tfjax.training import logger
 
 FLAGS = flags.FLAGS
 DEFAULT_ROOT = "runs/sweeps"
+PREEMPTED = "preempted"  # a row's status after a SIGTERM (as tfjax.runs.vsweep.PREEMPTED)
 VECTORIZED_PREFIX = "_vectorized-"  # ROOT/SWEEP/_vectorized-K: group K's checkpoints
 TRAIN_MODULE = "experiments.train"
 # Short names for common fields in run names; other fields use their last key component.
@@ -321,21 +328,63 @@ def _local_command(command: Sequence[str]) -> list[str]:
     return [sys.executable, *command[1:]] if command[0] == "python" else list(command)
 
 
-def run_all(runs: Sequence[Run], directory: str | pathlib.Path) -> list[dict[str, object]]:
+class Stop:
+    """A SIGTERM to the sweep while it runs (a context manager): the run in progress saves and
+    stops (a sequential run's train process gets the signal too; a vectorised group catches
+    it itself) and no other run starts. `requested` says whether one came."""
+
+    def __init__(self):
+        self.requested = False
+        self.child: subprocess.Popen | None = None
+        self._previous = None
+
+    def __enter__(self) -> "Stop":
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)
+
+
+def _not_started(runs: Sequence[Run]) -> list[dict[str, object]]:
+    return [summary_row(run, f"{PREEMPTED} (not started)") for run in runs]
+
+
+def run_all(
+    runs: Sequence[Run], directory: str | pathlib.Path, stop: Stop | None = None
+) -> list[dict[str, object]]:
     """Runs each command in turn, continuing past failures; rewrites the summary after each.
 
+    After a SIGTERM (`stop`) the run in progress saves and stops and no other starts.
+
     Returns:
-        The summary rows; `status` is "ok" or "failed (...)".
+        The summary rows; `status` is "ok", "failed (...)", "preempted" (the run a SIGTERM
+        stopped) or "preempted (not started)".
     """
+    stop = Stop() if stop is None else stop
     rows = []
     for index, run in enumerate(runs, start=1):
+        if stop.requested:
+            rows += _not_started(runs[index - 1 :])
+            write_summary(rows, directory)
+            break
         print(f"[{index}/{len(runs)}] {run.name}: {shlex.join(run.command)}", flush=True)
         start = time.perf_counter()
         try:
-            returncode = subprocess.run(_local_command(run.command), check=False).returncode
+            with subprocess.Popen(_local_command(run.command)) as stop.child:
+                returncode = stop.child.wait()
             status = "ok" if returncode == 0 else f"failed (exit {returncode})"
+            if stop.requested and returncode in (0, -signal.SIGTERM):
+                status = PREEMPTED if returncode == 0 else f"{PREEMPTED} (exit {returncode})"
         except OSError as err:
             status = f"failed ({err})"
+        finally:
+            stop.child = None
         rows.append(summary_row(run, status, time.perf_counter() - start))
         write_summary(rows, directory)
     return rows
@@ -355,18 +404,23 @@ def vectorized_groups(runs: Sequence[Run]) -> list[list]:
     return vsweep.group_trials(trials)
 
 
-def run_vectorized(runs: Sequence[Run], directory: str | pathlib.Path) -> list[dict[str, object]]:
+def run_vectorized(
+    runs: Sequence[Run], directory: str | pathlib.Path, stop: Stop | None = None
+) -> list[dict[str, object]]:
     """Trains each group of `vectorized_groups` as one program, one group after another.
 
-    A group that cannot start (a bad value, a workdir in use) fails its runs and the next
-    group starts. Rows are in the sweep's order; `seconds` is the group's wall time.
+    A group that cannot start (a bad value) fails its runs and the next group starts. After
+    a SIGTERM (`stop`, or the group's own) the group saves and stops and no other starts.
+    Rows are in the sweep's order; `seconds` is the group's wall time.
 
     Returns:
         The summary rows; `status` is "ok", "frozen at step N (non-finite loss)", "stopped at
-        step N (successive halving ...)" or "failed (...)".
+        step N (successive halving ...)", "failed (...)", "preempted at step N" or
+        "preempted (not started)".
     """
     from tfjax.runs import vsweep
 
+    stop = Stop() if stop is None else stop
     groups = vectorized_groups(runs)
     if len(groups) > 1:
         keys = vsweep.splitting_keys([trial for group in groups for trial in group])
@@ -378,18 +432,23 @@ def run_vectorized(runs: Sequence[Run], directory: str | pathlib.Path) -> list[d
     rows: dict[str, dict[str, object]] = {}
     for index, group in enumerate(groups):
         names = [trial.name for trial in group]
+        if stop.requested:
+            rows.update(zip(names, _not_started([by_name[n] for n in names]), strict=True))
+            continue
         print(f"[group {index + 1}/{len(groups)}] {len(group)} trials: {', '.join(names)}")
         start = time.perf_counter()
         try:
-            statuses = [
-                o.status for o in vsweep.train_trials(group, group_directory(directory, index))
-            ]
+            outcomes = vsweep.train_trials(group, group_directory(directory, index))
+            statuses = [o.status for o in outcomes]
         except errors.UserError as err:
             statuses = [f"failed ({err})"] * len(group)
+        stop.requested |= any(s.startswith(PREEMPTED) for s in statuses)
         seconds = time.perf_counter() - start
         for name, status in zip(names, statuses, strict=True):
             rows[name] = summary_row(by_name[name], status, seconds)
         write_summary([rows[r.name] for r in runs if r.name in rows], directory)
+    if stop.requested:
+        write_summary([rows[r.name] for r in runs], directory)
     return [rows[run.name] for run in runs]
 
 
@@ -409,16 +468,32 @@ def extract(runs: Sequence[Run], directory: str | pathlib.Path, name: str) -> in
 
 
 def _failed(rows: Sequence[Mapping[str, object]]) -> list[str]:
-    """Runs that failed or went non-finite (a trial stopped by halving did not fail)."""
+    """Runs that failed or went non-finite (a trial stopped by halving or a run stopped by a
+    SIGTERM did not fail)."""
     return [
         str(r["run"])
         for r in rows
-        if r["status"] != "ok" and not str(r["status"]).startswith("stopped")
+        if r["status"] != "ok" and not str(r["status"]).startswith(("stopped", PREEMPTED))
     ]
 
 
+def run_sweep(runs: Sequence[Run], directory: pathlib.Path, vectorize: bool) -> list[dict]:
+    """Runs the sweep (vectorised or one run after another) holding the lock of its
+    directory, so that a second sweep there stops before writing anything.
+
+    Raises:
+        tfjax.errors.WorkdirLockedError: while another sweep runs in `directory`.
+    """
+    from tfjax.runs import lock
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with lock.WorkdirLock(directory), Stop() as stop:
+        return (run_vectorized if vectorize else run_all)(runs, directory, stop)
+
+
 def main(argv: Sequence[str], overrides: Sequence[str]) -> int:
-    """Prints, runs (one by one or vectorised) or extracts the sweep; 1 when a run failed."""
+    """Prints, runs (one by one or vectorised) or extracts the sweep; 1 when a run failed
+    (not when a SIGTERM stopped it: 0, as `experiments.train`)."""
     cli.no_arguments(argv)
     if FLAGS.plot:
         if FLAGS.print:
@@ -441,13 +516,20 @@ def main(argv: Sequence[str], overrides: Sequence[str]) -> int:
     config = runs[0].config if runs else None
     # Config files older than the `sweep` group (or written by hand) have none: not vectorised.
     vectorize = FLAGS.vectorize or bool(config and "sweep" in config and config.sweep.vectorize)
-    rows = run_vectorized(runs, directory) if vectorize else run_all(runs, directory)
+    rows = run_sweep(runs, directory, vectorize)
     failed = _failed(rows)
+    preempted = [r for r in rows if str(r["status"]).startswith(PREEMPTED)]
     print(
-        f"summary: {directory / 'summary.md'} ({len(rows) - len(failed)} ok, "
-        f"{len(failed)} failed{': ' + ', '.join(map(str, failed)) if failed else ''})"
+        f"summary: {directory / 'summary.md'} ({len(rows) - len(failed) - len(preempted)} "
+        f"ok, {len(failed)} failed{': ' + ', '.join(map(str, failed)) if failed else ''}"
+        + (f", {len(preempted)} preempted" if preempted else "")
+        + ")"
     )
-    if FLAGS.plot:
+    if preempted:
+        logging.getLogger(__name__).warning(
+            "the sweep was stopped by SIGTERM; rerun the same command to resume it"
+        )
+    elif FLAGS.plot:
         for path in plot.plot_sweep(directory):
             print(f"plot: {path}")
     return 1 if failed else 0

@@ -327,3 +327,73 @@ def test_plot_and_print_exclude_each_other(spec, tmp_path):
     assert result.stderr.splitlines() == [
         "error: --plot needs the runs' metrics: drop --print or --plot"
     ]
+
+
+def test_a_second_sweep_on_a_running_sweeps_root_is_refused_and_writes_nothing(spec, tmp_path):
+    from tfjax.runs import lock
+
+    root = tmp_path / "lr"
+    root.mkdir()
+    (root / "summary.md").write_text("the running sweep's summary\n")
+    flags = [f"--config={spec}", "--sweep=lr", f"--workdir={tmp_path}"]
+    with lock.WorkdirLock(root):  # the first sweep, running
+        result = _run([sys.executable, "-c", SWEEP_WITH_FAKE_TRAIN, FAKE_TRAIN, *flags])
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: workdir {root} is in use by another")
+    assert sorted(p.name for p in root.iterdir()) == ["summary.md", lock.LOCK_FILE]
+    assert (root / "summary.md").read_text() == "the running sweep's summary\n"
+
+
+# A train command that takes SIGTERM as experiments.train does: saves (here: notes it) and
+# exits 0. It says when it is running and then waits for the signal.
+FAKE_PREEMPTED_TRAIN = textwrap.dedent("""
+    import pathlib, signal, sys, time
+    workdir = pathlib.Path(sys.argv[1])
+    workdir.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: (workdir.joinpath("saved").touch(), sys.exit(0)))
+    workdir.joinpath("running").touch()
+    time.sleep(60)
+    sys.exit(4)
+""")
+
+
+def test_sigterm_stops_the_run_in_progress_and_the_sweep_with_status_0(spec, tmp_path):
+    """SIGTERM means what it means to experiments.train: the run saves and stops, no other run
+    starts, the summary says so and the status is 0; rerunning resumes."""
+    import signal
+    import time
+
+    flags = [f"--config={spec}", "--sweep=lr", f"--workdir={tmp_path}"]
+    process = subprocess.Popen(
+        [sys.executable, "-c", SWEEP_WITH_FAKE_TRAIN, FAKE_PREEMPTED_TRAIN, *flags],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "lr" / "lr0.5" / "running").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    assert (tmp_path / "lr" / "lr0.5" / "saved").exists()  # the run got the signal
+    assert not (tmp_path / "lr" / "lr2.0").exists()  # the next run did not start
+    with (tmp_path / "lr" / "summary.csv").open() as handle:
+        statuses = [(row["run"], row["status"]) for row in csv.DictReader(handle)]
+    assert statuses == [("lr0.5", "preempted"), ("lr2.0", "preempted (not started)")]
+    assert "(0 ok, 0 failed, 2 preempted)" in stdout
+    assert stderr.splitlines() == [
+        "warning: the sweep was stopped by SIGTERM; rerun the same command to resume it"
+    ]
+
+
+def test_preempted_runs_are_not_failures():
+    rows = [
+        {"run": "a", "status": "preempted at step 4"},
+        {"run": "b", "status": "preempted (not started)"},
+        {"run": "c", "status": "stopped at step 2 (successive halving, eval loss 1)"},
+        {"run": "d", "status": "failed (exit 2)"},
+    ]
+    assert sweep._failed(rows) == ["d"]

@@ -623,3 +623,177 @@ def test_two_trials_differing_in_learning_rate_each_take_their_own_step():
         lambda a, b: np.abs(a - b).max(), singles[0][0].params, singles[1][0].params
     )
     assert max(jax.tree.leaves(gaps)) > 1e-3
+
+
+# -- SIGTERM, a second sweep, metrics after a resume ------------------------------------------
+
+
+@pytest.fixture
+def sigterm_caught():
+    """A SIGTERM handler that only counts, for the tests that send one to this process: one the
+    sweep forgot to catch must not end pytest. The handler before is given back after."""
+    import signal
+
+    caught = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: caught.append(1))
+    yield caught
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_before_the_first_step_stops_the_group_saving_nothing(
+    tmp_path, monkeypatch, sigterm_caught
+):
+    import os
+    import signal
+
+    trials = _trials(tmp_path, {"a": [], "b": ["optim.learning_rate=0.5"]})
+    original = vsweep_state.load_examples
+
+    def terminated_while_loading(*args):
+        os.kill(os.getpid(), signal.SIGTERM)  # the group's handler raises right here
+        return original(*args)
+
+    monkeypatch.setattr(vsweep_state, "load_examples", terminated_while_loading)
+    previous = signal.getsignal(signal.SIGTERM)
+    outcomes = vsweep.train_trials(trials, tmp_path / "group")
+    assert [o.status for o in outcomes] == ["preempted before its first step"] * 2
+    assert signal.getsignal(signal.SIGTERM) is previous and not sigterm_caught  # given back
+    assert not (tmp_path / "group" / "checkpoints").exists()
+    assert lock.read_holder(tmp_path / "group") is None
+
+
+def test_a_resumed_group_drops_the_records_it_logs_again(tmp_path):
+    loop = object.__new__(vsweep._Loop)  # only its writers: no model is built
+    loop.writers = [logger.MetricWriter(tmp_path / name) for name in ("a", "b")]
+    for writer in loop.writers:
+        writer.write(1, "startup", {"compile_seconds": 1.0})
+        for step in (2, 4, 6):  # killed after logging step 6; the checkpoint is step 4
+            writer.write(step, "train", {"loss": 1.0 / step})
+        writer.close()
+    loop._drop_replayed(4)
+    for name in ("a", "b"):
+        records = logger.read_metrics(tmp_path / name)
+        assert [(r["step"], r["kind"]) for r in records] == [
+            (1, "startup"),
+            (2, "train"),
+            (4, "train"),
+        ]
+
+
+def test_a_preempted_group_stops_the_sweep_and_a_busy_root_writes_nothing(tmp_path, monkeypatch):
+    from experiments import sweep as sweep_cli
+
+    sweep = [{"model.num_layers": 1}, {"model.num_layers": 2}, {"model.num_layers": 1, "seed": 3}]
+    runs = [
+        sweep_cli.Run(
+            name,
+            tmp_path / "lr" / name,
+            overrides,
+            [],
+            _config(*(f"{k}={v}" for k, v in overrides.items())),
+        )
+        for name, overrides in zip(("a", "b", "c"), sweep, strict=True)
+    ]
+    trained = []
+
+    def preempted(trials, directory):
+        trained.append([t.name for t in trials])
+        return [vsweep.Outcome("preempted at step 6", {}) for _ in trials]
+
+    monkeypatch.setattr(vsweep, "train_trials", preempted)
+    (tmp_path / "lr").mkdir()
+    with lock.WorkdirLock(tmp_path / "lr"):  # a sweep running there
+        with pytest.raises(errors.WorkdirLockedError, match="is in use by another"):
+            sweep_cli.run_sweep(runs, tmp_path / "lr", vectorize=True)
+    assert trained == [] and [p.name for p in (tmp_path / "lr").iterdir()] == [lock.LOCK_FILE]
+    rows = sweep_cli.run_sweep(runs, tmp_path / "lr", vectorize=True)
+    assert trained == [["a", "c"]]  # the second group did not start
+    assert [(r["run"], r["status"]) for r in rows] == [
+        ("a", "preempted at step 6"),
+        ("b", "preempted (not started)"),
+        ("c", "preempted at step 6"),
+    ]
+    assert sweep_cli._failed(rows) == []
+    assert (tmp_path / "lr" / "summary.md").read_text().count("| preempted") == 3
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_stops_and_a_rerun_after_a_kill_logs_each_step_once(
+    tmp_path, monkeypatch, sigterm_caught
+):
+    import os
+    import signal
+
+    trials = _trials(tmp_path, {"a": [], "b": ["optim.learning_rate=0.5"]})  # one seed
+    original = pipeline.BatchIterator.__next__
+    calls = {"n": 0, "at": 0, "do": None}
+
+    def next_batch(self):  # one seed: one call per step
+        calls["n"] += 1
+        if calls["n"] == calls["at"]:
+            calls["do"]()
+        return original(self)
+
+    def kill():
+        raise KeyboardInterrupt("simulated kill")
+
+    monkeypatch.setattr(pipeline.BatchIterator, "__next__", next_batch)
+    calls.update(at=3, do=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    outcomes = vsweep.train_trials(trials, tmp_path / "group")
+    assert [o.status for o in outcomes] == ["preempted at step 3"] * 2 and not sigterm_caught
+    checkpoints = tmp_path / "group" / "checkpoints"
+    assert sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == [3]
+    calls.update(n=0, at=4, do=kill)  # steps 4 (saved), 5, 6 (logged); killed in step 7
+    with pytest.raises(KeyboardInterrupt):
+        vsweep.train_trials(trials, tmp_path / "group")
+    calls.update(at=0)
+    outcomes = vsweep.train_trials(trials, tmp_path / "group")  # restores 4, logs 6 again
+    assert [o.status for o in outcomes] == ["ok", "ok"]
+    for trial in trials:
+        records = [(r["step"], r["kind"]) for r in logger.read_metrics(trial.workdir)]
+        assert len(records) == len(set(records)), records
+        train = [step for step, kind in records if kind == "train"]
+        assert train == [2, 4, 6, 8]
+
+
+@pytest.mark.slow
+def test_a_second_sweep_is_refused_and_sigterm_ends_the_first_with_status_0(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    endless = ["train.num_train_steps=100000", "train.eval_every_steps=0"]
+    command = [
+        sys.executable,
+        "-m",
+        "experiments.sweep",
+        f"--config={SPEC}",
+        "--sweep=lr",
+        f"--workdir={tmp_path}",
+        "--vectorize",
+        *(f"--config.{o}" for o in [*COMMON, *endless]),
+    ]
+    first = subprocess.Popen(
+        command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not logger.read_metrics(tmp_path / "lr" / "lr0.5", "train"):
+            assert time.monotonic() < deadline and first.poll() is None, first.communicate()
+            time.sleep(0.2)
+        second = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2
+        assert second.stderr.splitlines() == [second.stderr.splitlines()[0]]
+        assert f"error: workdir {tmp_path / 'lr'} is in use by another" in second.stderr
+        assert not (tmp_path / "lr" / "summary.md").exists()  # nothing written
+        first.send_signal(signal.SIGTERM)
+        stdout, stderr = first.communicate(timeout=300)
+    finally:
+        first.kill()
+    assert first.returncode == 0, stderr[-2000:]
+    assert "Traceback" not in stderr and "by SIGTERM; rerun the same command" in stderr
+    assert "(0 ok, 0 failed, 3 preempted)" in stdout
+    summary = (tmp_path / "lr" / "summary.md").read_text()
+    assert summary.count("| preempted at step ") == 3

@@ -6,7 +6,9 @@ leading trial axis (`tfjax.training.vectorized`). Each trial's workdir ends up a
 run's, except for the checkpoints: `config.json`, the tokenizer, `metrics.jsonl` and
 TensorBoard (with the trial's hyperparameters on TensorBoard's hparams dashboard) are written
 there; the whole group's state is checkpointed once, in `directory/checkpoints`, and a rerun
-resumes every trial exactly. `extract(directory, trials, name)` writes one trial's checkpoint
+resumes every trial exactly (dropping from each `metrics.jsonl` the records of the steps it logs
+again, as `trainer` does). A SIGTERM saves the group and stops it, as it stops a run alone
+(outcomes "preempted ..."). `extract(directory, trials, name)` writes one trial's checkpoint
 into its workdir, which `experiments.train` then resumes and `evaluate`, `translate` and
 `generate` read like any other.
 
@@ -57,9 +59,13 @@ class Trial:
     workdir: pathlib.Path
 
 
+PREEMPTED = "preempted"  # a SIGTERM saved and stopped the group: rerun to resume
+
+
 @dataclasses.dataclass
 class Outcome:
-    """How a trial ended: "ok", "frozen at step N (...)" or "stopped at step N (...)"."""
+    """How a trial ended: "ok", "frozen at step N (...)", "stopped at step N (...)", or
+    "preempted at step N" / "preempted before its first step" (a SIGTERM; rerun to resume)."""
 
     status: str
     final: dict[str, float]
@@ -151,10 +157,18 @@ def train_trials(trials: Sequence[Trial], directory: str | pathlib.Path) -> list
     directory = trainer.make_workdir(pathlib.Path(directory))
     for trial in trials:
         trainer.make_workdir(trial.workdir)
-    with contextlib.ExitStack() as stack:
-        for path in (directory, *(trial.workdir for trial in trials)):
-            stack.enter_context(lock.held(path))
-        return _Group(trials, directory).train()
+    try:
+        with contextlib.ExitStack() as stack:
+            preemption = stack.enter_context(trainer.Preemption(early=True))
+            for path in (directory, *(trial.workdir for trial in trials)):
+                stack.enter_context(lock.held(path))
+            return _Group(trials, directory).train(preemption)
+    except trainer.Terminated:
+        log.warning(
+            "stopped by SIGTERM before the first step: nothing new was saved; rerun the same "
+            "command to resume"
+        )
+        return [Outcome(f"{PREEMPTED} before its first step", {}) for _ in trials]
 
 
 class _Group:
@@ -249,8 +263,8 @@ class _Group:
         )
         return self.placement.put_state(state), dropout_rngs, 0, None
 
-    def train(self) -> list[Outcome]:
-        return _Loop(self).run()
+    def train(self, preemption: trainer.Preemption) -> list[Outcome]:
+        return _Loop(self).run(preemption)
 
 
 class _Loop:
@@ -282,7 +296,9 @@ class _Loop:
         rows = [batches[seed] for seed in self.group.seeds]
         return self.group.placement.put_batch(jax.tree.map(lambda *x: np.stack(x), *rows))
 
-    def run(self) -> list[Outcome]:
+    def run(self, preemption: trainer.Preemption) -> list[Outcome]:
+        """Restores or starts the group, trains it to the end or a SIGTERM (`preemption`
+        saves and stops the loop, as in `trainer`), evaluates each trial."""
         group, tcfg = self.group, self.tcfg
         with checkpointing.Checkpointer(
             group.directory / "checkpoints", max_to_keep=tcfg.keep_checkpoints
@@ -292,18 +308,34 @@ class _Loop:
                 for seed, iterator in self.iterators.items():
                     iterator.set_state(data_states["iterators"][str(seed)])
                 self.status = list(data_states["status"])
+            self._drop_replayed(start)
             for trial in group.trials:
                 (trial.workdir / "config.json").write_text(
                     json.dumps(build.config_dict(trial.config), indent=2)
                 )
-            with trainer.Preemption() as preemption:
-                state, step = self._steps(state, rngs, start, preemption, checkpointer)
+            preemption.start()
+            state, step = self._steps(state, rngs, start, preemption, checkpointer)
+            preemption.release()
             if preemption.requested:
                 log.warning("stopped at step %d by SIGTERM; rerun the same command to resume", step)
-                return [Outcome("preempted", {}) for _ in group.trials]
+                for writer in self.writers:
+                    writer.close()
+                return [
+                    Outcome(f"{PREEMPTED} at step {step}" if s == "ok" else s, {})
+                    for s in self.status
+                ]
             if checkpointer.latest_step() != step:
                 self._save(checkpointer, state, rngs, step)
         return self._finish(state, step)
+
+    def _drop_replayed(self, start: int) -> None:
+        """Drops each trial's records after `start`, the step the group resumes from (all of
+        them when it starts afresh): the steps it logs again (`MetricWriter.drop_after`)."""
+        dropped = sum(writer.drop_after(start) for writer in self.writers)
+        if dropped:
+            log.info(
+                "metrics.jsonl: dropped %d records after step %d (logged again)", dropped, start
+            )
 
     def _steps(self, state, rngs, start, preemption, checkpointer):
         tcfg, group = self.tcfg, self.group
