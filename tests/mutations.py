@@ -1025,6 +1025,48 @@ MUTATIONS = [
         "-k",
         "contracts_the_left_operand",
     ),
+    # --- Issue 61: survivors of the mutation audit ---------------------------------------------
+    M(
+        "greedy-exact-match-counts-padding-rows",
+        "tfjax/runs/evaluator.py",
+        '"greedy_count": float(rows.sum())',
+        '"greedy_count": float(len(rows))',
+        "tests/test_evaluation.py::"
+        "test_greedy_exact_match_counts_the_real_rows_of_a_padded_last_batch",
+    ),
+    M(
+        "halving-keeps-the-worse-half",
+        "tfjax/runs/vsweep.py",
+        "stop = ranked[math.ceil(len(live) / 2) :]",
+        "stop = ranked[: len(live) // 2]",
+        "tests/test_vsweep.py::test_successive_halving_stops_the_trials_with_the_higher_eval_loss",
+    ),
+    M(
+        "plan-peak-counts-donated-buffers",
+        "tfjax/parallel/costs.py",
+        "return self.arguments + self.outputs - self.aliased + self.temporaries + self.code",
+        "return self.arguments + self.outputs + self.temporaries + self.code",
+        "tests/test_plan.py::test_the_peak_counts_a_donated_state_once",
+    ),
+    M(
+        "bert-gamma-beta-swapped",
+        "tfjax/pretrained/bert.py",
+        'return name.removesuffix("gamma") + "weight"\n'
+        '    if name.endswith("LayerNorm.beta"):\n'
+        '        return name.removesuffix("beta") + "bias"',
+        'return name.removesuffix("gamma") + "bias"\n'
+        '    if name.endswith("LayerNorm.beta"):\n'
+        '        return name.removesuffix("beta") + "weight"',
+        "tests/test_pretrained.py::"
+        "test_bert_layer_norms_spelled_gamma_and_beta_load_as_scale_and_bias",
+    ),
+    M(
+        "mlp-dropout-ignored",
+        "tfjax/models/transformer.py",
+        "dropout_rate=cfg.dropout_rate if cfg.mlp_dropout else 0.0,",
+        "dropout_rate=0.0,",
+        "tests/test_models.py::test_t5_mlp_dropout_drops_the_hidden_activations_of_every_feed_forward",
+    ),
 ]
 
 

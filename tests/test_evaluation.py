@@ -210,3 +210,54 @@ def test_decoding_errors(tiny_run):
         evaluation.decode_dataset(lm_run, params)
     with pytest.raises(ValueError, match="beam_size >= 1"):
         evaluation.make_decoder(run, beam_size=0, max_length=4)
+
+
+def test_greedy_exact_match_counts_the_real_rows_of_a_padded_last_batch():
+    """`tfjax.runs.evaluator.evaluate` on 6 examples in batches of 4: the last batch holds 2
+    examples and 2 padding rows. A decoder stub answers every example but one correctly (its
+    answers looked up by input), so greedy exact match is 5 / 6, the padding rows counting
+    neither as right nor as rows."""
+    import ml_collections
+
+    from tfjax.runs import build, evaluator
+
+    rng = np.random.default_rng(0)
+    examples, answers = [], {}
+    for index in range(6):
+        length = 2 + index % 3
+        source, target = np.zeros(6, np.int32), np.zeros(6, np.int32)
+        source[: length + 1] = rng.integers(3, 20, length + 1)
+        target[:length] = rng.integers(3, 20, length)
+        examples.append(
+            {
+                "inputs": source,
+                "inputs_segment_ids": (source > 0).astype(np.int32),
+                "targets": target,
+                "targets_segment_ids": (target > 0).astype(np.int32),
+            }
+        )
+        answer = target.copy()
+        if index == 4:  # the one wrong answer, in the padded batch
+            answer[0] += 1
+        answers[source.tobytes()] = answer
+
+    def greedy(params, inputs, segment_ids):  # padding rows (all zeros) answer nothing
+        return np.stack([answers.get(row.tobytes(), np.zeros(6, np.int32)) for row in inputs])
+
+    def eval_step(params, batch):
+        return {"weight_sum": float((batch["targets_segment_ids"] > 0).sum()), "loss_sum": 0.0}
+
+    run = build.Run(
+        config=ml_collections.ConfigDict({"train": {"eval_batch_size": 4}}),
+        model_config=models.ModelConfig(),
+        model=None,
+        examples=datasets.Examples([], examples, tokenizers.WordTokenizer.build(["a"]), "seq2seq"),
+        strategy=None,
+        train_step=None,
+        eval_step=eval_step,
+        abstract_state=None,
+        optimizer=None,
+        greedy=greedy,
+    )
+    result = evaluator.evaluate(run, params=None)
+    assert result["greedy_exact_match"] == pytest.approx(5 / 6)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import linen as nn
 
 from tfjax import models
 
@@ -312,3 +313,34 @@ def test_t5_dropout_options_change_nothing_when_deterministic_and_add_no_paramet
     rng = {"dropout": jax.random.key(1)}
     noisy = model.apply(variables, SRC, TGT, deterministic=False, rngs=rng)
     assert not np.allclose(noisy, plain.apply(variables, SRC, TGT, deterministic=False, rngs=rng))
+
+
+def test_t5_mlp_dropout_drops_the_hidden_activations_of_every_feed_forward():
+    """`mlp_dropout` (T5) gives every encoder and decoder MLP the model's `dropout_rate`; without
+    it they drop nothing. With the same parameters and dropout key the two models differ in
+    training mode only by those masks (each module folds its own name into the key, so the
+    other dropouts draw the same masks)."""
+    from tfjax.nn import layers
+
+    rates = []
+
+    def record(call, args, kwargs, context):
+        if isinstance(context.module, layers.FeedForward) and context.method_name == "__call__":
+            rates.append(context.module.dropout_rate)
+        return call(*args, **kwargs)
+
+    one_layer = {"num_layers": 1, "num_decoder_layers": 1, "dropout_rate": 0.3}
+    variables = jax.jit(models.create_model(_tiny(**one_layer)).init)(jax.random.key(0), SRC, TGT)
+    outputs = []
+    for mlp_dropout in (True, False):
+        model = models.create_model(_tiny(**one_layer, mlp_dropout=mlp_dropout))
+
+        @jax.jit
+        def train_mode(variables, model=model):
+            with nn.intercept_methods(record):  # at trace time: once per MLP
+                rngs = {"dropout": jax.random.key(1)}
+                return model.apply(variables, SRC, TGT, deterministic=False, rngs=rngs)
+
+        outputs.append(train_mode(variables))
+    assert rates == [0.3, 0.3, 0.0, 0.0]  # the encoder's and the decoder's MLP, each model
+    assert np.abs(outputs[0] - outputs[1]).max() > 1e-3

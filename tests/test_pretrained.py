@@ -321,6 +321,34 @@ def test_bert_without_its_embedding_norm_breaks_parity(bert_dir, monkeypatch):
     assert np.abs(_valid_rows(ours, segment_ids) - _valid_rows(theirs, segment_ids)).max() > 1e-3
 
 
+@pytest.mark.parametrize("bert_dir", ["mlm"], indirect=True)
+def test_bert_layer_norms_spelled_gamma_and_beta_load_as_scale_and_bias(bert_dir, tmp_path):
+    """Older BERT files name a LayerNorm's weight "gamma" and its bias "beta": the same
+    checkpoint in that spelling converts to the same parameters, each norm's scale its
+    "gamma" and its bias its "beta"."""
+    directory, hf_model, _ = bert_dir
+
+    def old_spelling(tensors):
+        renamed = {}
+        for name, value in tensors.items():
+            if ".LayerNorm." in name:
+                name = name.replace(".weight", ".gamma").replace(".bias", ".beta")
+            renamed[name] = value
+        return renamed
+
+    old = _copy(directory, tmp_path, tensors=old_spelling)
+    assert "bert.embeddings.LayerNorm.gamma" in safetensors_numpy.load_file(
+        str(old / "model.safetensors")
+    )
+    _, params = pretrained.load_params(directory)
+    _, old_params = pretrained.load_params(old)
+    jax.tree.map(np.testing.assert_array_equal, old_params, params)
+    state = hf_model.state_dict()
+    norm = old_params["encoder"]["embedder"]["norm"]
+    np.testing.assert_array_equal(norm["scale"], state["bert.embeddings.LayerNorm.weight"].numpy())
+    np.testing.assert_array_equal(norm["bias"], state["bert.embeddings.LayerNorm.bias"].numpy())
+
+
 @pytest.mark.parametrize(
     "edit, expected",
     [

@@ -9,6 +9,7 @@ import functools
 import json
 import math
 import pathlib
+import types
 
 import jax
 import numpy as np
@@ -232,13 +233,20 @@ def test_a_trial_whose_loss_goes_nan_is_frozen_and_the_others_go_on(sweep, tmp_p
 
 @pytest.mark.slow
 def test_successive_halving_stops_the_worse_half_at_the_given_step(tmp_path):
-    trials = _trials(tmp_path, None, "sweep.halving_steps=4", "train.eval_every_steps=0")
+    trials = _trials(tmp_path, None, "sweep.halving_steps=4", "train.eval_every_steps=4")
     outcomes = vsweep.train_trials(trials, tmp_path / "group")
     stopped = [o for o in outcomes if o.status.startswith("stopped at step 4")]
     assert len(stopped) == 2 and sum(o.status == "ok" for o in outcomes) == 2
-    loss = lambda o: float(o.status.rsplit(" ", 1)[1].rstrip(")"))  # noqa: E731
-    kept_names = [t.name for t, o in zip(trials, outcomes, strict=True) if o.status == "ok"]
-    assert kept_names and min(loss(o) for o in stopped) >= 0
+    # The evaluation at step 4 (before the halving, on the same examples) ranks the trials:
+    # the two with the higher eval loss are the ones stopped, each with its loss.
+    eval_loss = {t.name: logger.read_metrics(t.workdir, "eval")[0]["loss"] for t in trials}
+    ranked = sorted(eval_loss, key=eval_loss.get)
+    statuses = {t.name: o.status for t, o in zip(trials, outcomes, strict=True)}
+    assert [statuses[name] for name in ranked[:2]] == ["ok", "ok"]
+    for name in ranked[2:]:
+        assert statuses[name] == (
+            f"stopped at step 4 (successive halving, eval loss {eval_loss[name]:.4g})"
+        )
     for trial, outcome in zip(trials, outcomes, strict=True):
         last = logger.read_metrics(trial.workdir, "train")[-1]["step"]
         assert last == (4 if outcome.status != "ok" else STEPS)
@@ -797,3 +805,30 @@ def test_a_second_sweep_is_refused_and_sigterm_ends_the_first_with_status_0(tmp_
     assert "(0 ok, 0 failed, 3 preempted)" in stdout
     summary = (tmp_path / "lr" / "summary.md").read_text()
     assert summary.count("| preempted at step ") == 3
+
+
+def test_successive_halving_stops_the_trials_with_the_higher_eval_loss(monkeypatch):
+    """`_Loop._halve` on five trials, one frozen before: of the four live ones it keeps the two
+    with the lowest eval loss and stops the others, a non-finite loss counting as the worst.
+    Each trial's eval loss is its one parameter (the evaluation is a stub)."""
+    from tfjax.runs import evaluator
+
+    losses = [0.9, 0.3, 0.1, float("nan"), 0.5]  # trial 2 is frozen already: not ranked
+    monkeypatch.setattr(evaluator, "evaluate", lambda run, params, **_: {"loss": float(params)})
+    loop = object.__new__(vsweep._Loop)
+    loop.group = types.SimpleNamespace(
+        placement=vsweep_state.Placement(None, shared_batch=True),
+        runs=[None] * 5,
+        trials=[types.SimpleNamespace(name=f"t{i}") for i in range(5)],
+    )
+    loop.tcfg = types.SimpleNamespace(max_eval_examples=0)
+    loop.status = ["ok", "ok", "frozen at step 2 (non-finite loss)", "ok", "ok"]
+    state = vectorized.SweepState(
+        train=types.SimpleNamespace(params=np.array(losses, np.float32)),
+        live=np.array([True, True, False, True, True]),
+    )
+    halved = loop._halve(state, 4)
+    assert loop.status[1] == loop.status[4] == "ok"
+    assert loop.status[0] == "stopped at step 4 (successive halving, eval loss 0.9)"
+    assert loop.status[3] == "stopped at step 4 (successive halving, eval loss nan)"
+    np.testing.assert_array_equal(halved.live, [False, True, False, False, True])
