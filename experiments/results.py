@@ -168,9 +168,8 @@ def read_record(path: pathlib.Path, row: str) -> dict:
     """The record in `path`, a file of `row`'s folder, checked for what the tables read.
 
     Raises:
-        tfjax.errors.DataError: naming the file and the fix, for a folder, a file that cannot
-            be read, bytes that are not UTF-8 JSON, or a record without its row, seed, date,
-            host, train wall time or the row's metric.
+        tfjax.errors.DataError: naming the file and the fix, for a folder, an unreadable file,
+            bytes that are not UTF-8 JSON, or a record without a key the tables read.
     """
     where = shown(path)
     if path.is_dir():
