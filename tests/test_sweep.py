@@ -341,7 +341,8 @@ def test_a_second_sweep_on_a_running_sweeps_root_is_refused_and_writes_nothing(s
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: workdir {root} is in use by another")
-    assert sorted(p.name for p in root.iterdir()) == ["summary.md", lock.LOCK_FILE]
+    assert not any(p.is_dir() for p in root.iterdir())  # no run started
+    assert not (root / "summary.csv").exists()
     assert (root / "summary.md").read_text() == "the running sweep's summary\n"
 
 
