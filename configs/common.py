@@ -92,10 +92,12 @@ def base_config(
         "tensor": 1,  # mode "sharded": devices that split heads and the MLP (Megatron-style)
         "rules": layout.DEFAULT_RULES,  # logical axis name -> mesh axes (tfjax.parallel.layout)
         # Join a multi-process job (tfjax.parallel.distributed); the TFJAX_* variables of
-        # experiments.launch_local also turn this on. The timeouts are JAX's defaults.
+        # experiments.launch_local also turn this on.
         "distributed": False,
-        "initialization_timeout_seconds": 300,  # for every process to join
-        "heartbeat_timeout_seconds": 100,  # after which a silent process counts as dead
+        # For every process to join (then one error line names the missing ones); JAX's
+        # default is 300.
+        "initialization_timeout_seconds": 120,
+        "heartbeat_timeout_seconds": 100,  # JAX's default: after it a silent process is dead
     }
     return config
 

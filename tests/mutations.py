@@ -896,6 +896,28 @@ MUTATIONS = [
         "-k",
         "killed_while_the_other_saves",
     ),
+    # A multi-process job that cannot form
+    M(
+        "job-shape-not-agreed",
+        "tfjax/parallel/rendezvous.py",
+        "        elif count != self.shape.count:",
+        "        elif False:",
+        "tests/test_rendezvous.py::test_processes_told_different_counts_all_stop_naming_both",
+    ),
+    M(
+        "check-in-ignores-missing-processes",
+        "tfjax/parallel/rendezvous.py",
+        "        while not (lobby.reached and not lobby.missing()):",
+        "        while not lobby.reached:",
+        "tests/test_rendezvous.py::test_a_process_that_never_comes_is_named_after_the_stated_wait",
+    ),
+    M(
+        "check-in-admits-a-duplicate-id",
+        "tfjax/parallel/rendezvous.py",
+        "        elif index == 0 or index in self.peers:",
+        "        elif index == 0:",
+        "tests/test_rendezvous.py::test_two_processes_with_one_id_stop_the_job",
+    ),
     M(
         "libtpu-woken-without-tpu",
         "tfjax/training/host.py",

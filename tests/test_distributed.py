@@ -56,9 +56,13 @@ def test_a_missing_coordinator_is_a_one_line_error_not_a_hang():
     with socket.socket() as sock:  # a port that nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    job = distributed.job_from_environ(_environ(address=f"127.0.0.1:{port}"))
+    collectives = jax.config.jax_cpu_collectives_implementation
     with pytest.raises(errors.DistributedError, match="did not answer within 1 s") as raised:
-        distributed._wait_for_coordinator(f"127.0.0.1:{port}", 1)
+        distributed.initialize(job, initialization_timeout_seconds=1)  # before any JAX call
     assert "process 0" in str(raised.value) and "\n" not in str(raised.value)
+    assert not jax.distributed.is_initialized()
+    assert jax.config.jax_cpu_collectives_implementation == collectives  # nothing was set
 
 
 def test_start_errors_name_the_fix():
@@ -219,6 +223,17 @@ def test_jax_own_variables_describe_a_job_and_tfjax_ones_win():
     alone = _jax_environ(count=None, index=None)
     assert distributed.job_from_environ(alone) == distributed.Job()
     assert not distributed.requested(False, alone)
+
+
+def test_jax_itself_reads_only_the_coordinator_of_the_jax_family():
+    """docs/scale.md: JAX_NUM_PROCESSES and JAX_PROCESS_ID are tfjax's names, not JAX's."""
+    import inspect
+
+    from jax._src import distributed as jax_distributed
+
+    source = inspect.getsource(jax_distributed)
+    assert "'JAX_COORDINATOR_ADDRESS'" in source
+    assert not any(name in source for name in distributed.JAX_ENV_VARS[1:])
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -417,7 +418,8 @@ def test_bad_launches_are_one_line_errors(root, tmp_path):
     assert coordinator.returncode == 2, coordinator.stderr[-3000:]
     assert _errors(coordinator.stderr) == [
         f"error: process 0 cannot serve the coordinator on port {port} (Address already in "
-        "use): is the port in use? choose a free one in TFJAX_COORDINATOR_ADDRESS, or let "
+        "use): is another process 0 running (each process needs its own TFJAX_PROCESS_ID), or "
+        "another program on the port? choose a free one in TFJAX_COORDINATOR_ADDRESS, or let "
         "python -m experiments.launch_local pick one"
     ]
     late = ["parallel.initialization_timeout_seconds=2"]  # nothing listens on `port` now
@@ -429,6 +431,82 @@ def test_bad_launches_are_one_line_errors(root, tmp_path):
     assert "no cluster JAX knows was detected (Cloud TPU VMs (GCE), " in alone.stderr
     assert all(cluster in alone.stderr for cluster in ("Slurm", "Open MPI", "Kubernetes"))
     assert not any((tmp_path / name).exists() for name in "abc")  # nothing was written
+
+
+WAIT = 5  # parallel.initialization_timeout_seconds in the jobs that cannot form
+
+
+def _http_listener() -> socket.socket:
+    """Another program on a port: it answers every connection like a web server."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                conn = server.accept()[0]
+            except OSError:  # closed
+                return
+            with conn:
+                conn.recv(1000)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+def test_a_job_that_cannot_form_ends_in_one_line_on_every_process(root, tmp_path):
+    """Each case as `experiments.train` processes started by hand: one `error:` line each,
+    status 2, within the stated wait (not JAX's native abort after 300 s), nothing written."""
+    free = [portpicker.pick_unused_port() for _ in range(3)]
+    with _http_listener() as web:
+        cases = {  # name -> (coordinator address, process count, process id) of each process
+            "alone": [(f"127.0.0.1:{free[0]}", 2, 0)],
+            "counts": [(f"127.0.0.1:{free[1]}", 2, 0), (f"127.0.0.1:{free[1]}", 3, 1)],
+            "two_0": [(f"127.0.0.1:{free[2]}", 2, 0), (f"127.0.0.1:{free[2]}", 2, 0)],
+            "no_host": [("no-such-host.invalid:12355", 2, 1)],
+            "web": [(f"127.0.0.1:{web.getsockname()[1]}", 2, 1)],
+        }
+        started, running, ends = time.monotonic(), {}, {}
+        for name, processes in cases.items():
+            for i, (address, count, index) in enumerate(processes):
+                env = {**_env(root, 1), "TFJAX_COORDINATOR_ADDRESS": address}
+                env.update(TFJAX_NUM_PROCESSES=str(count), TFJAX_PROCESS_ID=str(index))
+                late = f"parallel.initialization_timeout_seconds={WAIT}"
+                command = _train(tmp_path / f"{name}{i}", 2, late)
+                running[name, i] = subprocess.Popen(
+                    command,
+                    cwd=ROOT,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                time.sleep(0.5 * (name == "two_0"))  # the first one serves the port
+        for key, process in running.items():
+            stderr = process.communicate(timeout=TIMEOUT)[1]
+            ends[key] = (process.returncode, stderr)
+    assert time.monotonic() - started < WAIT + 120  # not JAX's 300 s
+    for (name, i), (status, stderr) in ends.items():
+        assert status == 2 and len(_errors(stderr)) == 1, f"{name} {i}: {stderr[-3000:]}"
+        assert "Check failure" not in stderr and "Traceback" not in stderr
+    line = {key: _errors(stderr)[0] for key, (_, stderr) in ends.items()}
+    assert line["alone", 0].startswith(
+        f"error: process 1 of 2 did not join process 0 at 127.0.0.1:{free[0]} within"
+    )
+    assert f"within {WAIT} s (parallel.initialization_timeout_seconds)" in line["alone", 0]
+    assert (
+        "was started with TFJAX_NUM_PROCESSES=3, process 0 with TFJAX_NUM_PROCESSES=2"
+        in (line["counts", 0])
+    )
+    assert line["counts", 1] == "error: the job did not start; process 0 says: " + (
+        line["counts", 0].removeprefix("error: ")
+    )
+    two = sorted(line["two_0", i] for i in (0, 1))
+    assert two[0].startswith(f"error: process 0 cannot serve the coordinator on port {free[2]}")
+    assert two[1].startswith(f"error: process 1 of 2 did not join process 0 at 127.0.0.1:{free[2]}")
+    assert "'no-such-host.invalid' does not resolve" in line["no_host", 0]
+    assert "something else listens at 127.0.0.1:" in line["web", 0]
+    assert not any(tmp_path.iterdir())  # no workdir was made
 
 
 def test_a_job_started_with_jax_own_variables_runs_as_two_processes(root, tmp_path):

@@ -4,10 +4,14 @@ A job is P processes, each driving its own devices; together they see every devi
 (`jax.devices()`), and collectives inside a step span all of them (on CPU through gloo). Each
 process calls `initialize` once, before any other JAX call, in one of two ways:
   * explicit: the coordinator address (process 0 serves it), the process count and this
-    process's id come from `TFJAX_COORDINATOR_ADDRESS`, `TFJAX_NUM_PROCESSES` and
+    process's id come from tfjax's `TFJAX_COORDINATOR_ADDRESS`, `TFJAX_NUM_PROCESSES` and
     `TFJAX_PROCESS_ID` (`python -m experiments.launch_local` sets them; so can a user), or
-    from JAX's own names for them, `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES` and
-    `JAX_PROCESS_ID` (the TFJAX_ ones win when both are set);
+    from `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` (the TFJAX_ ones
+    win when both are set). Of these JAX itself reads only `JAX_COORDINATOR_ADDRESS` (jax 0.10:
+    `jax._src.distributed`); `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` are names tfjax reads,
+    spelled as other tools spell them. Every process first checks in with process 0
+    (`tfjax.parallel.rendezvous`: the job's shape agreed, the missing processes named after
+    `parallel.initialization_timeout_seconds`), then calls `jax.distributed.initialize`;
   * detected: with none of them set (or `JAX_COORDINATOR_ADDRESS` alone, which JAX reads
     itself), `jax.distributed.initialize()` finds the job on the clusters JAX knows
     (`CLUSTERS`: JAX's `jax._src.clusters`).
@@ -17,16 +21,17 @@ and the docstrings of `jax.distributed.initialize` and
 
 If a process dies, JAX's coordination service notices within `heartbeat_timeout_seconds` and
 ends the others; a collective that meets a dead peer fails at once (`peer_lost` words it).
+JAX ends a process whose coordinator (process 0) died natively, with a C++ stack trace that
+Python cannot catch (`experiments.launch_local` condenses it to one line).
 """
 
 import dataclasses
 import logging
 import os
-import socket
-import time
 from collections.abc import Mapping
 
 from tfjax import errors
+from tfjax.parallel import rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +60,8 @@ class Job:
     coordinator_address: str | None = None  # "host:port" of process 0's coordination service
     num_processes: int | None = None
     process_id: int | None = None
+    # The names of the variables it came from, for messages.
+    variables: tuple[str, ...] = dataclasses.field(default=ENV_VARS, compare=False)
 
     @property
     def explicit(self) -> bool:
@@ -97,7 +104,7 @@ def job_from_environ(environ: Mapping[str, str] = os.environ) -> Job:
             f"{process_id}={index} with {num_processes}={count}: need "
             f"{num_processes} >= 1 and 0 <= {process_id} < {num_processes}"
         )
-    return Job(values[coordinator], count, index)
+    return Job(values[coordinator], count, index, names)
 
 
 def requested(distributed: bool, environ: Mapping[str, str] = os.environ) -> bool:
@@ -116,39 +123,38 @@ def _integer(name: str, text: str) -> int:
 
 
 def _split_address(address: str, name: str = ENV_COORDINATOR) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise errors.DistributedError(f"{name}={address!r} is not host:port (e.g. 127.0.0.1:12355)")
-    return host.strip("[]"), int(port)
+    return rendezvous.split_address(address, name)
 
 
 def initialize(
-    job: Job, *, initialization_timeout_seconds: int = 300, heartbeat_timeout_seconds: int = 100
+    job: Job, *, initialization_timeout_seconds: int = 120, heartbeat_timeout_seconds: int = 100
 ) -> None:
     """Joins `job`; call once per process, before any other JAX call.
 
-    Processes other than 0 first wait for the coordinator's port to open, so a coordinator that
-    never comes gives this one-line error instead of an abort inside JAX.
+    An explicit job first checks in with process 0 (`tfjax.parallel.rendezvous`), so that a
+    process that never comes, an unreachable or unresolvable coordinator, a second process
+    with one id, something else on the port or processes told different counts end in one
+    line within `initialization_timeout_seconds`, instead of an abort inside JAX.
 
     Raises:
-        DistributedError: the coordinator cannot start (port in use) or be reached, or no
+        DistributedError: the job cannot form (see above), the coordinator cannot start, or no
             cluster was detected.
     """
     import jax
 
     if jax.distributed.is_initialized():
         return
-    if jax.config.jax_cpu_collectives_implementation in (None, "none"):
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives
+    log.info("joining %s (timeout %d s)", job.describe(), initialization_timeout_seconds)
     options = dict(
         initialization_timeout=initialization_timeout_seconds,
         heartbeat_timeout_seconds=heartbeat_timeout_seconds,
     )
     if job.explicit:
-        if job.process_id == 0:
-            _check_port_free(job.coordinator_address)
-        else:
-            _wait_for_coordinator(job.coordinator_address, initialization_timeout_seconds)
+        shape = rendezvous.Shape(
+            job.coordinator_address, job.num_processes, job.process_id, job.variables
+        )
+        check_in = rendezvous.serve if job.process_id == 0 else rendezvous.join
+        check_in(shape, initialization_timeout_seconds)
         options.update(
             coordinator_address=job.coordinator_address,
             num_processes=job.num_processes,
@@ -156,7 +162,8 @@ def initialize(
         )
         if job.coordinator_address.startswith(_LOOPBACK):  # JAX binds to every interface
             options["coordinator_bind_address"] = job.coordinator_address
-    log.info("joining %s (timeout %d s)", job.describe(), initialization_timeout_seconds)
+    if jax.config.jax_cpu_collectives_implementation in (None, "none"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives
     try:
         jax.distributed.initialize(**options)
     except (RuntimeError, ValueError) as err:  # JaxRuntimeError is a RuntimeError
@@ -176,41 +183,6 @@ def _start_error(job: Job, err: Exception) -> errors.DistributedError:
     else:
         fix = "check that every process got the same coordinator address and process count"
     return errors.DistributedError(f"could not join {job.describe()}: {text}; {fix}")
-
-
-def _check_port_free(address: str) -> None:
-    """Raises unless the coordinator's port can be bound (JAX 0.10 crashes, 1 time in 5, on a
-    port in use, instead of raising)."""
-    host, port = _split_address(address)
-    loopback = address.startswith(_LOOPBACK)
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: TIME_WAIT is fine
-        try:
-            sock.bind((host if loopback else "", port))
-        except OSError as err:
-            raise errors.DistributedError(
-                f"process 0 cannot serve the coordinator on port {port} ({err.strerror}): is "
-                f"the port in use? choose a free one in {ENV_COORDINATOR}, or let python -m "
-                "experiments.launch_local pick one"
-            ) from None
-
-
-def _wait_for_coordinator(address: str, timeout: int) -> None:
-    """Returns once `address` accepts a TCP connection; raises after `timeout` seconds."""
-    host, port = _split_address(address)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=5):
-                return
-        except OSError as err:
-            if time.monotonic() > deadline:
-                raise errors.DistributedError(
-                    f"the coordinator at {address} (process 0) did not answer within "
-                    f"{timeout:.0f} s ({err.strerror or err}): start process 0 with the same "
-                    f"{ENV_COORDINATOR}, or raise parallel.initialization_timeout_seconds"
-                ) from None
-            time.sleep(0.2)
 
 
 def barrier(name: str) -> None:
