@@ -13,9 +13,14 @@ stderr. On a cluster the same command runs without this launcher (see docs/scale
 
 When a process fails, the others get `--grace_seconds` to end on their own (JAX ends them when
 it notices a peer is gone), then are killed; the launcher names the process that failed first
-and exits with its status (128 + N for a signal N). Ctrl-C or SIGTERM to the launcher sends
-SIGTERM to every process (`experiments.train` then saves a checkpoint at one agreed step and
-stops); a second Ctrl-C kills them. `--timeout_seconds` bounds the whole job (status 124).
+and exits with its status (128 + N for a signal N). JAX ends a process whose peer died
+natively when it cannot be caught in Python (above all when process 0, which serves the job's
+coordination service, dies): its C++ stack trace and Python's thread dump (a hundred lines)
+are condensed into one `[i] error: ...` line (`--show_native_aborts` keeps them).
+
+Ctrl-C or SIGTERM to the launcher sends SIGTERM to every process (`experiments.train` then
+saves a checkpoint at one agreed step and stops); a second Ctrl-C kills them.
+`--timeout_seconds` bounds the whole job (status 124).
 Processes die with the launcher, even when it is killed (Linux: PR_SET_PDEATHSIG).
 """
 
@@ -47,10 +52,20 @@ flags.DEFINE_float("timeout_seconds", 0, "Stop the whole job after this long (0:
 flags.DEFINE_float(
     "grace_seconds", 10, "After one process fails, how long the others may take to end."
 )
+flags.DEFINE_bool(
+    "show_native_aborts",
+    False,
+    "Forward the C++ stack trace of a process that JAX's distributed client aborts, instead "
+    "of one error line.",
+)
 
 TIMEOUT_STATUS = 124  # as timeout(1)
 _DEVICE_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S*")
 _PR_SET_PDEATHSIG = 1
+# How JAX's distributed client (xla's client.h, jax 0.10) begins the abort of a process whose
+# job's coordination service reported an error, and the line its agent logs just before it.
+NATIVE_ABORT = "Terminating process because the JAX distributed service detected fatal errors"
+_NATIVE_PRELUDE = "Polled an error from coordination service"
 
 
 def check_port(port: int) -> None:
@@ -97,11 +112,59 @@ def describe_status(status: int) -> str:
     return f"exited with status {status}"
 
 
+class NativeAborts:
+    """The stderr lines of process `index` as the launcher shows them: from JAX's native abort
+    on (`NATIVE_ABORT`), one line stands for the rest, and none if the process already said
+    why it stops in an `error:` line (a failed collective often comes first)."""
+
+    def __init__(self, index: int, count: int):
+        self.index, self.count = index, count
+        self.held: list[str] = []  # the agent's line that comes just before an abort
+        self.said_error = False
+        self.aborted = False
+
+    def feed(self, text: str) -> list[str]:
+        """The lines to show for the next line `text` (none, it, or held ones with it)."""
+        if self.aborted:
+            return []
+        if NATIVE_ABORT in text:
+            self.aborted, self.held = True, []
+            return [] if self.said_error else [self.summary()]
+        if _NATIVE_PRELUDE in text:
+            self.held.append(text)
+            return []
+        self.said_error = self.said_error or text.startswith("error: ")
+        shown, self.held = [*self.held, text], []
+        return shown
+
+    def end(self) -> list[str]:
+        """The lines still held when the pipe closes."""
+        shown, self.held = self.held, []
+        return shown
+
+    def summary(self) -> str:
+        return (
+            f"error: process {self.index} of {self.count} was ended by JAX's distributed "
+            "client: the job's coordination service reported an error, most likely another "
+            "process of the job died or lost its connection (the native stack trace is left "
+            "out: --show_native_aborts shows it)"
+        )
+
+
 class Job:
     """The started processes, their output forwarders, and how they ended."""
 
-    def __init__(self, command: list[str], processes: int, port: int, devices: int):
+    def __init__(
+        self,
+        command: list[str],
+        processes: int,
+        port: int,
+        devices: int,
+        *,
+        condense_aborts: bool = True,
+    ):
         self._lock = threading.Lock()
+        self.condense_aborts = condense_aborts
         self.procs: list[subprocess.Popen] = []
         for index in range(processes):
             env = child_env(
@@ -118,7 +181,7 @@ class Job:
                 )
             )
         self.threads = [
-            threading.Thread(target=self._forward, args=(pipe, f"[{i}] ", out), daemon=True)
+            threading.Thread(target=self._forward, args=(pipe, i, out), daemon=True)
             for i, proc in enumerate(self.procs)
             for pipe, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
         ]
@@ -137,12 +200,21 @@ class Job:
         with self._lock:
             self.ended[index] = time.monotonic()
 
-    def _forward(self, pipe, prefix: str, out) -> None:
+    def _forward(self, pipe, index: int, out) -> None:
+        """Copies the lines of one pipe of process `index`, prefixed with `[index] `; its
+        stderr through a `NativeAborts` filter (`condense_aborts`)."""
+        condense = self.condense_aborts and out is sys.stderr
+        lines = NativeAborts(index, len(self.procs)) if condense else None
         for line in iter(pipe.readline, b""):
             text = line.decode("utf-8", "replace").rstrip("\n")
-            with self._lock:
-                out.write(f"{prefix}{text}\n")
-                out.flush()
+            self._write(out, index, lines.feed(text) if lines else [text])
+        self._write(out, index, lines.end() if lines else [])
+
+    def _write(self, out, index: int, texts: list[str]) -> None:
+        with self._lock:
+            for text in texts:
+                out.write(f"[{index}] {text}\n")
+            out.flush()
 
     def signal_all(self, signum: int) -> None:
         for index, proc in enumerate(self.procs):
@@ -224,7 +296,13 @@ def main(argv):
     if FLAGS.port:
         check_port(FLAGS.port)
     port = FLAGS.port or portpicker.pick_unused_port()  # a portserver's, when one runs
-    job = Job(command, FLAGS.processes, port, FLAGS.devices_per_process)
+    job = Job(
+        command,
+        FLAGS.processes,
+        port,
+        FLAGS.devices_per_process,
+        condense_aborts=not FLAGS.show_native_aborts,
+    )
     stop = _Stop(job)
     outcome = supervise(job, timeout=FLAGS.timeout_seconds, grace=FLAGS.grace_seconds)
     return _report(job, outcome, interrupted=stop.count > 0)

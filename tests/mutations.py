@@ -896,7 +896,7 @@ MUTATIONS = [
         "-k",
         "killed_while_the_other_saves",
     ),
-    # A multi-process job that cannot form
+    # A multi-process job that cannot form, and the native abort of a dead process 0's peer
     M(
         "job-shape-not-agreed",
         "tfjax/parallel/rendezvous.py",
@@ -917,6 +917,15 @@ MUTATIONS = [
         "        elif index == 0 or index in self.peers:",
         "        elif index == 0:",
         "tests/test_rendezvous.py::test_two_processes_with_one_id_stop_the_job",
+    ),
+    M(
+        "native-abort-forwarded",
+        "experiments/launch_local.py",
+        "        if NATIVE_ABORT in text:",
+        "        if False:",
+        "tests/test_distributed.py",
+        "-k",
+        "native_abort",
     ),
     M(
         "libtpu-woken-without-tpu",

@@ -209,6 +209,81 @@ def test_launcher_names_the_process_that_died_not_the_peer_that_noticed(tmp_path
     assert result.returncode == 128 + 9
 
 
+_NATIVE_ABORT = """
+import os, pathlib, signal, sys, time
+ready = pathlib.Path(sys.argv[1])
+if os.environ["TFJAX_PROCESS_ID"] == "0":
+    while not ready.exists():
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGKILL)
+ready.touch()
+print("a line before", file=sys.stderr, flush=True)
+time.sleep(0.2)  # process 0 is dead: JAX's client in this one ends it natively, like this
+lines = [
+    "E1207 01:49:07.121395   17727 coordination_service_agent.cc:289] Polled an error from "
+    "coordination service (this can be an error from this or another task).",
+    "F1207 01:49:07.121439   17727 client.h:80] Terminating process because the JAX "
+    "distributed service detected fatal errors. This most likely indicates that another task "
+    "died; see the other task logs for more details.",
+    "*** Check failure stack trace: ***",
+    *[f"    @     0x7f307fc4063{i}  frame {i}" for i in range(10)],
+    "Fatal Python error: Aborted",
+]
+print("\\n".join(lines), file=sys.stderr, flush=True)
+os.abort()
+"""
+
+
+@pytest.mark.parametrize("shown", [False, True])
+def test_launcher_condenses_the_native_abort_of_a_peer_of_a_dead_process_0(tmp_path, shown):
+    """Process 0 is killed; JAX's client aborts process 1 with a C++ stack trace (imitated
+    here; tests/test_multihost.py kills a real one): the launcher forwards one line for it."""
+    command = [sys.executable, "-m", "experiments.launch_local", "--processes=2"]
+    command += ["--show_native_aborts"] * shown
+    command += ["--", sys.executable, "-c", _NATIVE_ABORT, str(tmp_path / "ready")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 128 + 9, result.stderr
+    assert lines[-1].startswith("error: process 0 of 2 was killed by SIGKILL first."), lines
+    assert "[1] a line before" in lines
+    assert ("[1] Fatal Python error: Aborted" in lines) is shown
+    assert any("Polled an error" in line for line in lines) is shown
+    condensed = [line for line in lines if line.startswith("[1] error:")]
+    assert (
+        condensed == []
+        if shown
+        else condensed
+        == [
+            "[1] error: process 1 of 2 was ended by JAX's distributed client: the job's "
+            "coordination service reported an error, most likely another process of the job died "
+            "or lost its connection (the native stack trace is left out: --show_native_aborts "
+            "shows it)"
+        ]
+    )
+    assert len(lines) == (16 if shown else 3), lines
+
+
+def test_the_launcher_shows_one_line_for_a_native_abort_and_none_after_an_error_line():
+    prelude = "E1207 01:49:07 1 agent.cc:289] Polled an error from coordination service (...)"
+    abort = f"F1207 01:49:07 1 client.h:80] {launch_local.NATIVE_ABORT}. This most likely ..."
+    stack = [
+        "*** Check failure stack trace: ***",
+        "    @ 0x7f frame",
+        "Fatal Python error: Aborted",
+    ]
+    lines = launch_local.NativeAborts(1, 2)
+    shown = [kept for text in ["a", prelude, abort, *stack] for kept in lines.feed(text)]
+    assert shown == ["a", lines.summary()] and lines.end() == []
+    assert lines.summary().startswith("error: process 1 of 2 was ended by JAX's distributed")
+    lines = launch_local.NativeAborts(1, 2)  # a process that said why it stops, then aborts
+    said = ["error: process 1 of 2 stopped at step 4: a collective failed (...)"]
+    shown = [kept for text in [*said, prelude, abort, *stack] for kept in lines.feed(text)]
+    assert shown == said
+    lines = launch_local.NativeAborts(0, 2)  # the agent's line without an abort is kept
+    assert lines.feed(prelude) == [] and lines.feed("b") == [prelude, "b"]
+    assert lines.feed(prelude) == [] and lines.end() == [prelude]
+
+
 def _jax_environ(address=ADDRESS, count="2", index="1") -> dict:
     values = dict(zip(distributed.JAX_ENV_VARS, (address, count, index), strict=True))
     return {k: v for k, v in values.items() if v is not None}

@@ -509,6 +509,31 @@ def test_a_job_that_cannot_form_ends_in_one_line_on_every_process(root, tmp_path
     assert not any(tmp_path.iterdir())  # no workdir was made
 
 
+def test_killing_process_0_ends_process_1_in_one_line(root, tmp_path):
+    """Process 0 (which serves JAX's coordination service) is killed mid-run: JAX's client
+    aborts process 1 natively; the launcher shows one line for it, not the stack traces."""
+    workdir = tmp_path / "run"
+    slow = ["train.log_every_steps=1", "train.eval_every_steps=1", "train.max_eval_examples=16"]
+    command = _launch(_train(workdir, STEPS, *slow), flags=["--grace_seconds=60"])
+    output = tmp_path / "output.txt"
+    with open(output, "w") as sink:
+        job = subprocess.Popen(command, cwd=ROOT, env=_env(root), stdout=sink, stderr=sink)
+        try:
+            _wait_for_step(workdir, 2, job, output)
+            os.kill(_child(job.pid, 0), signal.SIGKILL)
+            status = job.wait(timeout=TIMEOUT)
+        finally:
+            job.kill()
+    text = output.read_text()
+    assert status == 128 + signal.SIGKILL, text[-6000:]
+    assert _errors(text)[-1].startswith("error: process 0 of 2 was killed by SIGKILL first.")
+    assert "killed process(es)" not in text  # process 1 ended by itself ...
+    survivor = [line for line in _errors(text) if line.startswith("[1] ")]
+    assert len(survivor) == 1, text[-6000:]  # ... in one line (a failed collective or the abort)
+    for native in ("Check failure stack trace", "Fatal Python error", "client.h:"):
+        assert native not in text, text[-6000:]
+
+
 def test_a_job_started_with_jax_own_variables_runs_as_two_processes(root, tmp_path):
     env = _env(root, 1)
     env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{portpicker.pick_unused_port()}")
