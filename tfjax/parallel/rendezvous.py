@@ -272,20 +272,23 @@ def serve(shape: Shape, wait: float | int) -> None:
     with _listen(shape, host, port) as listener:
         probe = _Probe(shape, lobby.nonce)
         probe.start()
-        log.info("waiting up to %g s for %s to join", wait, _ids(lobby.missing()) or "nobody")
+        missing = lobby.missing()
+        log.info("waiting up to %g s for %s to join", wait, _ids(missing) if missing else "none")
         while not (lobby.reached and not lobby.missing()):
             if select.select([listener], [], [], 0.1)[0]:
                 lobby.admit(listener.accept()[0])
             lobby.drop_departed()
-            if not lobby.reached and not probe.is_alive():
+            late = time.monotonic() > lobby.deadline
+            if not lobby.reached and (late or not probe.is_alive()):
                 if probe.refused:
                     raise lobby.fail(probe.refused)
+                why = probe.failure or f"no answer within {wait:g} s"
                 raise lobby.fail(
                     f"process 0 cannot reach its own coordinator address {shape.address} "
-                    f"({probe.failure}): {shape.variables[0]} must name the machine process 0 "
-                    "runs on, and a port nothing else uses"
+                    f"({why}): {shape.variables[0]} must name the machine process 0 runs on, "
+                    "and a port nothing else uses"
                 )
-            if time.monotonic() > lobby.deadline:
+            if late:
                 raise lobby.timed_out()
     lobby.release()
 
