@@ -1,6 +1,7 @@
 """Package-level checks: a side-effect-free import, the README's Colab snippet, the CI commands."""
 
 import ast
+import importlib
 import pathlib
 import re
 import subprocess
@@ -8,6 +9,8 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+CHANGELOG = (ROOT / "CHANGELOG.md").read_text()
+SETUP_CFG = (ROOT / "setup.cfg").read_text()
 
 
 def _block_after(marker: str) -> str:
@@ -49,6 +52,69 @@ def test_readme_commands_are_the_ci_commands():
     assert "pip install" in test and "pytest" in test
     ci = (ROOT / ".ci" / "run").read_text()
     assert "readme_command test" in ci
+
+
+def _children(package_dir: pathlib.Path) -> list[str]:
+    """The subpackages and public modules in a package's folder, as Python names."""
+    names = [p.name for p in package_dir.iterdir() if (p / "__init__.py").is_file()]
+    names += [p.stem for p in package_dir.glob("*.py") if not p.name.startswith("_")]
+    return sorted(names)
+
+
+def _lazy_packages() -> list[pathlib.Path]:
+    """tfjax and every package under it whose children load on attribute access (`_lazy`)."""
+    inits = sorted((ROOT / "tfjax").rglob("__init__.py"))
+    return [p.parent for p in inits if "_lazy.submodules(" in p.read_text()]
+
+
+def test_every_subpackage_is_an_attribute_of_tfjax():
+    import tfjax
+
+    names = _children(ROOT / "tfjax")
+    assert {"nn", "pretrained", "runs", "errors"} <= set(names)  # the discovery finds them
+    for name in names:
+        assert name in dir(tfjax), f"tfjax.{name} is missing from tfjax/__init__.py"
+        assert getattr(tfjax, name) is importlib.import_module(f"tfjax.{name}")
+
+
+def test_every_module_of_a_lazy_package_is_an_attribute_of_it():
+    packages = _lazy_packages()
+    assert ROOT / "tfjax" in packages and ROOT / "tfjax" / "runs" in packages
+    for folder in packages:
+        name = ".".join(folder.relative_to(ROOT).parts)
+        package = importlib.import_module(name)
+        missing = [child for child in _children(folder) if child not in dir(package)]
+        assert not missing, f"{name}/__init__.py does not list {missing}"
+        absent = set(dir(package)) - set(_children(folder)) - {"__version__"}
+        assert not absent, f"{name}/__init__.py lists {sorted(absent)}, which do not exist"
+        for child in _children(folder):
+            assert getattr(package, child) is importlib.import_module(f"{name}.{child}")
+
+
+def _newest_changelog_version() -> str:
+    match = re.search(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d\d-\d\d$", CHANGELOG, re.M)
+    assert match, "CHANGELOG.md has no '## [X.Y.Z] - YYYY-MM-DD' section"
+    return match.group(1)
+
+
+def test_changelog_citation_and_package_name_one_version():
+    import tfjax
+
+    assert _newest_changelog_version() == tfjax.__version__
+    citation = (ROOT / "CITATION.cff").read_text()
+    fields = dict(re.findall(r"^([a-z-]+): (\S.*)$", citation, re.M))
+    assert fields["cff-version"] == "1.2.0"
+    assert fields["version"] == tfjax.__version__
+    assert fields["title"] == "tfjax" and fields["license"] == "Apache-2.0"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", fields["date-released"])
+    assert f"## [{tfjax.__version__}] - {fields['date-released']}" in CHANGELOG
+    assert {"message", "authors", "abstract"} <= {
+        k for k, _ in re.findall(r"^([a-z-]+):(.*)$", citation, re.M)
+    }
+    assert "version = attr: tfjax.__version__" in SETUP_CFG
+    assert "license = Apache-2.0" in SETUP_CFG
+    assert "Apache License" in (ROOT / "LICENSE").read_text()[:200]
+    assert "Version 2.0, January 2004" in (ROOT / "LICENSE").read_text()[:200]
 
 
 # Which tfjax packages each package may import (the layer picture of tfjax/README.md).

@@ -7,12 +7,13 @@ logging set-up. Subpackages are imported lazily on first attribute access so tha
 
 from tfjax import _lazy
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # The layers, bottom up (each imports only those before it; `data` and `parallel` nothing):
-# nn → models → inference → training → runs, beside data and parallel; `viz` (pictures, drawn
-# with matplotlib when installed) reads metrics through `training`. `errors` (the family of
-# errors a user can fix) imports nothing, so every layer may import it.
+# nn → models → inference → training → runs, beside data and parallel; `pretrained` (Hugging
+# Face checkpoints, read with transformers when installed) sits on models; `viz` (pictures,
+# drawn with matplotlib when installed) reads metrics through `training`. `errors` (the family
+# of errors a user can fix) imports nothing, so every layer may import it.
 _SUBPACKAGES = (
     "data",
     "errors",
@@ -20,6 +21,7 @@ _SUBPACKAGES = (
     "models",
     "nn",
     "parallel",
+    "pretrained",
     "runs",
     "training",
     "viz",

@@ -16,7 +16,9 @@ Submodules:
   * `fetch`: a named corpus into the data directory, downloaded or from the user's files.
   * `tokenizers`: word, character and SentencePiece tokenizers and the special ids (PAD 0,
     BOS 1, EOS 2, UNK 3).
-  * `pipeline`: encoding to padded int32 examples, grain datasets and resumable iterators.
+  * `pipeline`: encoding to padded int32 examples, grain datasets and resumable iterators;
+    `packing` puts several examples in one row.
+  * `pretrained_tokenizer`: a Hugging Face checkpoint's tokenizer behind the same interface.
 
 Submodules load on first attribute access (`tfjax.data.scan`) or explicit import (`from
 tfjax.data import scan`): `scan`, `tasks` and `tokenizers` need only numpy, while `pipeline`
@@ -31,7 +33,9 @@ _SUBMODULES = (
     "datasets",
     "fetch",
     "listops",
+    "packing",
     "pipeline",
+    "pretrained_tokenizer",
     "registry",
     "scan",
     "sources",

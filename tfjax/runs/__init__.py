@@ -2,11 +2,24 @@
 
 `build` turns a config into a run (model, data, steps) and restores checkpoints; `trainer` is
 the training loop; `workdir` is the road from a workdir to text (`Translator`, `Generator`);
-`evaluator` holds the teacher-forced evaluation and `evaluate_workdir`. The top layer of the
+`evaluator` holds the teacher-forced evaluation and `evaluate_workdir`; `lock` locks a
+workdir, `plan` compiles a train step ahead of time for a topology, `pretrained` converts
+Hugging Face checkpoints into workdirs and back, `vsweep` and `vsweep_state` train a sweep's
+trials as one vectorised program. The top layer of the
 library: it imports everything below it, and only `experiments/` imports it.
 """
 
 from tfjax import _lazy
 
-__all__ = ["build", "evaluator", "trainer", "workdir"]
+__all__ = [
+    "build",
+    "evaluator",
+    "lock",
+    "plan",
+    "pretrained",
+    "trainer",
+    "vsweep",
+    "vsweep_state",
+    "workdir",
+]
 __getattr__, __dir__ = _lazy.submodules(__name__, __all__)

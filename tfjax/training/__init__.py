@@ -1,13 +1,24 @@
 """The pieces of training: steps and state, optimizer, checkpoints, logs, host allocator.
 
 `steps` (TrainState, pure train and eval steps), `mlm` (BERT's masked-LM objective), `optim`
-(schedules and optax chains), `checkpointing` (orbax, checksums and fallback), `logger`
-(metrics.jsonl, TensorBoard, progress bar), `host` (host allocator tuning, libtpu on hosts
-without TPUs) and `storage` (a full or read-only disk in one line, atomic writes).
+(schedules and optax chains) and `muon` (Muon's kernel axes), `vectorized` (the steps of a
+vectorised sweep), `checkpointing` (orbax, checksums and fallback), `logger` (metrics.jsonl,
+TensorBoard, progress bar), `host` (host allocator tuning, libtpu on hosts without TPUs) and
+`storage` (a full or read-only disk in one line, atomic writes).
 The loop that uses them is `tfjax.runs.trainer`.
 """
 
 from tfjax import _lazy
 
-__all__ = ["checkpointing", "host", "logger", "mlm", "optim", "steps", "storage"]
+__all__ = [
+    "checkpointing",
+    "host",
+    "logger",
+    "mlm",
+    "muon",
+    "optim",
+    "steps",
+    "storage",
+    "vectorized",
+]
 __getattr__, __dir__ = _lazy.submodules(__name__, __all__)
