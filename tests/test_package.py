@@ -117,6 +117,35 @@ def test_changelog_citation_and_package_name_one_version():
     assert "Version 2.0, January 2004" in (ROOT / "LICENSE").read_text()[:200]
 
 
+def _name(requirement: str) -> str:
+    """A distribution's normalised name (PEP 503): `ml_collections` -> `ml-collections`."""
+    return re.sub(r"[-_.]+", "-", requirement).lower()
+
+
+def _pins() -> dict[str, str]:
+    """The versions CI installs: .ci/constraints.txt, and torch from .ci/run's pip line."""
+    text = (ROOT / ".ci" / "constraints.txt").read_text()
+    pins = {_name(n): v for n, v in re.findall(r"^([\w.-]+)==(\S+)$", text, re.M)}
+    pins.update(
+        {
+            _name(n): v
+            for n, v in re.findall(r"\b(torch)==(\S+)", (ROOT / ".ci" / "run").read_text())
+        }
+    )
+    return pins
+
+
+def test_every_floor_is_the_version_ci_installs():
+    floors = re.findall(r"^    ([\w.-]+)(?:\[[\w,]+\])?>=([\w.]+)", SETUP_CFG, re.M)
+    assert len(floors) > 30 and "jax" in dict(floors)  # the parse finds them
+    pins = _pins()
+    # filelock's floor is the oldest release with the calls tfjax makes, not CI's version.
+    checked = {_name(n): v for n, v in floors if _name(n) in pins and _name(n) != "filelock"}
+    assert {"jax", "flax", "grain", "orbax-checkpoint", "torch", "transformers"} <= set(checked)
+    wrong = [f"{n}>={v} (CI installs {pins[n]})" for n, v in checked.items() if v != pins[n]]
+    assert not wrong, "setup.cfg floors that CI never installs: " + ", ".join(wrong)
+
+
 # Which tfjax packages each package may import (the layer picture of tfjax/README.md).
 LAYERS = {
     "nn": set(),
