@@ -9,7 +9,7 @@ little less as detokenized sacreBLEU. The tests check that the presets build and
 pipeline trains and evaluates `tiny` on a local JSON-lines sample through the same hub code path.
 
 Data: WMT14 En-De through Hugging Face `datasets` (`hub_name="wmt14"`, `hub_config="de-en"`,
-the `hub` extra: pip install -e ".[hub]"; downloads about 1.4 GB on the first run): 4.5M
+the `hub` extra: pip install "tfjax[hub]"; downloads about 1.4 GB on the first run): 4.5M
 training pairs, newstest2013 (`validation`) evaluated during training, newstest2014 (`test`)
 reported by `experiments.evaluate --split=test`. A shared SentencePiece BPE vocabulary of
 37,000 pieces (the paper's size; trained on a 2M-sentence sample), sequences up to 256 pieces,

@@ -14,7 +14,7 @@ entropy (nats), largest weight and logit standard deviation of its rows over the
 how far apart its scores are (`tfjax.inference.attention_maps.statistics`):
     python -m experiments.attention_map --workdir=W --stats
 
-Needs matplotlib (`pip install -e ".[viz]"`). The weights come from
+Needs matplotlib (`pip install "tfjax[viz]"`). The weights come from
 `tfjax.runs.workdir.Trained.attention`: captured from the model's own forward pass
 (`tfjax.inference.attention_maps`), for every attention implementation.
 """
@@ -91,7 +91,7 @@ def _attention_map() -> None:
     if importlib.util.find_spec("matplotlib") is None:  # before the slow restore
         raise errors.DependencyError(
             "drawing attention maps needs matplotlib, which is not installed: "
-            'pip install -e ".[viz]"'
+            'pip install "tfjax[viz]"'
         )
     out = pathlib.Path(FLAGS.out) if FLAGS.out else pathlib.Path(FLAGS.workdir) / "attention"
     if pathlib.Path(FLAGS.workdir).is_dir():  # a read-only --out stops before the restore

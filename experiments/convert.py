@@ -4,7 +4,7 @@
     python -m experiments.convert --to_hf --workdir=runs/gpt2_tuned --hf_dir=exported/gpt2
 
 Import (the default): `--hf_dir` is a local directory as `save_pretrained` or
-`huggingface-cli download --local-dir` writes it (config.json, model.safetensors or
+`hf download REPO --local-dir DIR` writes it (config.json, model.safetensors or
 pytorch_model.bin, the tokenizer's files); nothing is downloaded. Supported: GPT-2, BERT,
 T5 v1.0 / v1.1 and Marian (`tfjax.pretrained.FAMILIES`). The new `--workdir` is an ordinary
 tfjax workdir with a checkpoint at step 0: `experiments.generate`, `translate` and `evaluate`

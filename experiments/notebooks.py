@@ -4,7 +4,7 @@ The notebooks are committed clean (no outputs, no execution counts) so that thei
 code and text only; CI executes them from scratch (`tests/test_notebooks.py`). Without
 `--strip` this lists the notebooks that carry outputs and exits with status 1 if any do; with
 `--strip` it removes the outputs in place. Arguments name notebooks (default: all of them).
-Needs nbformat (the `test` extra: `pip install -e ".[test]"`).
+Needs nbformat (the `test` extra: `pip install "tfjax[test]"`).
 """
 
 import pathlib
@@ -33,7 +33,9 @@ def _nbformat() -> Any:
     try:
         import nbformat  # lazy: only this tool and the tests need it
     except ImportError as err:
-        raise errors.DependencyError('nbformat is not installed: pip install -e ".[test]"') from err
+        raise errors.DependencyError(
+            'nbformat is not installed: pip install "tfjax[test]"'
+        ) from err
     return nbformat
 
 

@@ -3,7 +3,7 @@
   python -m experiments.plan --config=configs/wmt14.py:big --topology=v5e:4x4 --mesh=data:4,fsdp:4
 
 compiles the config's real train step for the slice (TPU topologies need libtpu, the `tpu`
-extra: pip install -e ".[tpu]"; `--topology=cpu:8` uses simulated CPU devices and needs
+extra: pip install "tfjax[tpu]"; `--topology=cpu:8` uses simulated CPU devices and needs
 nothing) and prints, per device: parameter, optimizer-state and batch bytes, the compiler's
 memory estimate against the chip's HBM, the collectives in the compiled program, model and
 compiled FLOPs per step, and a roofline step time from the chip's datasheet

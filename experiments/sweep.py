@@ -19,7 +19,7 @@ runs differ in `seed`, `seeds.csv` and `seeds.md` merge those that differ only i
 metric's mean ± sample standard deviation over the seeds (the seed tables of docs/results.md
 come from these). `--plot`
 then draws loss curves and final metrics against each swept value next to them
-(`experiments.plot`, which needs the `plot` extra; checked before the first run starts). The
+(`experiments.plot`, which needs the `viz` extra; checked before the first run starts). The
 exit status is 1 when a run failed, 2 (with one line `error: ...`) when the sweep itself cannot
 start (an unknown sweep, a bad override, another sweep running in `ROOT/NAME`: the sweep holds
 that directory's workdir lock, `tfjax.runs.lock`, and a second one writes nothing). Rerunning

@@ -476,7 +476,7 @@ def test_libtpu_refusals_are_one_line(libtpu):
     "message, error, words",
     [
         ("JAX TPU support not installed; cannot generate TPU topology.", errors.DependencyError,
-         'pip install -e ".[tpu]"'),
+         'pip install "tfjax[tpu]"'),
         ("ABORTED: Internal error when accessing libtpu multi-process lockfile.", errors.UserError,
          "ALLOW_MULTIPLE_LIBTPU_LOAD=1"),
         ('INVALID_ARGUMENT: Topology layout "v5e:3x3" is not divisible\nby', errors.ConfigError,

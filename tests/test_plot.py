@@ -153,7 +153,7 @@ def test_missing_directory_and_summary_are_one_line_errors(tmp_path):
 
 def test_missing_matplotlib_says_what_to_install(sweep_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
-    with pytest.raises(errors.DependencyError, match=r'pip install -e "\.\[viz\]"') as info:
+    with pytest.raises(errors.DependencyError, match=r'pip install "tfjax\[viz\]"') as info:
         plot.plot_sweep(sweep_dir)
     assert "\n" not in str(info.value)
     assert not (sweep_dir / "curves.png").exists()

@@ -262,7 +262,7 @@ def test_save_writes_a_png_at_readme_size(tmp_path):
 
 def test_missing_matplotlib_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
-    with pytest.raises(errors.DependencyError, match=r'pip install -e "\.\[viz\]"') as info:
+    with pytest.raises(errors.DependencyError, match=r'pip install "tfjax\[viz\]"') as info:
         viz.attention_map(np.eye(2))
     assert "\n" not in str(info.value)
 

@@ -5,7 +5,7 @@ modules in `experiments/bench/`). `--bench=depth --repeats=3` compares compile t
 of 6 and 24 layers, scanned or not, per remat policy (minutes on a 2-core CPU). `--bench=sweep
 --repeats=3` times 8 trials one after another against one vectorised program (`sweep.py`).
 `--shape=large --dtype=bfloat16` is the accelerator benchmark;
-`--peer=torch` (needs the `parity` extra: `pip install -e ".[parity]"`) times torch.nn.Transformer
+`--peer=torch` (needs the `parity` extra: `pip install "tfjax[parity]"`) times torch.nn.Transformer
 beside tfjax's train step, in alternating pairs; `--peer=flax` times the same model built from
 Flax's stock layers (`flax_peer.py`) beside tfjax's train step and its cached greedy decoding.
 Where JAX computes on the CPU alone the harness first tunes glibc malloc for the whole process,

@@ -29,7 +29,7 @@ import numpy as np
 from tfjax import errors
 
 PEER = "torch"
-INSTALL_HINT = 'pip install -e ".[parity]"'
+INSTALL_HINT = 'pip install "tfjax[parity]"'
 NOTES = (
     "torch.nn.Transformer adds a final LayerNorm to the encoder and decoder stacks; tfjax's "
     "post-LN model has none (4*D more torch parameters)",

@@ -31,7 +31,7 @@ def _auto_tokenizer(path: pathlib.Path):
     except ImportError as err:
         raise errors.DependencyError(
             f"{path} holds a Hugging Face tokenizer, which needs the 'hf' extra: "
-            'pip install -e ".[hf]"'
+            'pip install "tfjax[hf]"'
         ) from err
     try:
         return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -237,7 +237,7 @@ def hub_pairs(
         import datasets as hf_datasets
     except ImportError as err:
         raise errors.DependencyError(
-            "data.name='hub' needs Hugging Face datasets: pip install -e '.[hub]'"
+            "data.name='hub' needs Hugging Face datasets: pip install 'tfjax[hub]'"
         ) from err
     kwargs = {"data_files": {split: data_files}} if data_files else {}
     table = hf_datasets.load_dataset(name, config or None, split=split, **kwargs)

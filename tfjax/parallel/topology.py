@@ -162,7 +162,7 @@ def _tpu_devices(name: str, chip_config: str) -> tuple[jax.Device, ...]:
         if "not installed" in text:
             raise errors.DependencyError(
                 f"topology {name!r} needs libtpu, which is not installed: "
-                'pip install -e ".[tpu]" (libtpu at the version jax[tpu] names)'
+                'pip install "tfjax[tpu]" (jax[tpu]: the libtpu of the installed jax)'
             ) from error
         if "lockfile" in text:
             raise errors.UserError(

@@ -5,7 +5,7 @@
     logits = models.create_model(config).apply({"params": params}, targets)
     pretrained.save("exported/gpt2", config, params, hf_config=pretrained.read_hf_config(...))
 
-A checkpoint directory is what `save_pretrained` (or `huggingface-cli download --local-dir`)
+A checkpoint directory is what `save_pretrained` (or `hf download REPO --local-dir DIR`)
 writes: `config.json`, the weights (`model.safetensors`, shards, or `pytorch_model.bin`) and the
 tokenizer's files. Nothing is downloaded. Each family has one module with its `ModelConfig`
 mapping and its explicit weight table (`checkpoint.Entry` rows): `gpt2` (decoder-only), `bert`

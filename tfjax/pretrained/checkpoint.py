@@ -62,7 +62,7 @@ def read_config(directory: str | os.PathLike) -> dict:
     if not directory.is_dir():
         raise FileNotFoundError(
             f"no checkpoint directory {directory}: pass the folder save_pretrained (or "
-            "huggingface-cli download --local-dir) wrote"
+            "hf download REPO --local-dir DIR) wrote"
         )
     path = directory / CONFIG_FILE
     if not path.is_file():
@@ -138,7 +138,8 @@ def _import(module: str, what: str, path: pathlib.Path):
         return importlib.import_module(module)
     except ImportError as err:
         raise errors.DependencyError(
-            f"reading {path} needs {what}: pip install -e \".[hf]\" (and torch, the 'parity' extra)"
+            f"reading {path} needs {what}: pip install \"tfjax[hf]\" (and torch, the 'parity' "
+            "extra)"
         ) from err
 
 

@@ -7,7 +7,7 @@ writes one to disk at README size. To place a picture in a figure of one's own, 
 matplotlib Axes as `ax=` (one Axes per panel for the pictures of several panels): the picture
 is drawn there, with its colour bar, and the function returns that figure.
 
-matplotlib is an optional dependency (the `viz` extra: `pip install -e ".[viz]"`). It is
+matplotlib is an optional dependency (the `viz` extra: `pip install "tfjax[viz]"`). It is
 imported when a figure is drawn, not when this package is imported, so `import tfjax.viz`
 works without it; drawing without it raises `tfjax.errors.DependencyError` with that command.
 

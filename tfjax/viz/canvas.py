@@ -24,7 +24,7 @@ from tfjax import errors
 
 # matplotlib.figure.Figure; matplotlib is imported only when a figure is drawn.
 Figure: TypeAlias = Any
-INSTALL_HINT = 'pip install -e ".[viz]"'
+INSTALL_HINT = 'pip install "tfjax[viz]"'
 DPI = 100  # 6.4 x 4.8 inches -> 640 x 480 pixels: README-sized
 
 
