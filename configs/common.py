@@ -74,6 +74,9 @@ def base_config(
         # A tfjax workdir (e.g. made by experiments.convert) or a Hugging Face checkpoint
         # directory whose parameters a new run starts from ("" = random initialisation).
         "init_from": "",
+        # (FIRST, LAST): a jax.profiler trace of these steps in WORKDIR/profile, for
+        # TensorBoard's profile plugin or XProf (docs/training.md, "Profiling"); () = none.
+        "profile_steps": (),
         **(train or {}),
     }
     config.sweep = {

@@ -29,7 +29,7 @@ from tfjax.inference import decoding
 from tfjax.models import partitioning
 from tfjax.nn import stacking
 from tfjax.parallel import distributed, layout, strategies
-from tfjax.training import checkpointing, mlm, muon, optim, steps
+from tfjax.training import checkpointing, mlm, muon, optim, profiling, steps
 
 
 @dataclasses.dataclass
@@ -157,12 +157,13 @@ def load_config_dict(tree: dict) -> ml_collections.ConfigDict:
 # `parallel` fields newer than some workdirs' config.json, with the values those runs had.
 _PARALLEL_SINCE_TENSOR = {"tensor": 1, "rules": layout.DEFAULT_RULES}
 # `train` fields newer than some workdirs' config.json (init_from, masked-LM training, -EOS
-# training), with the values those runs had.
+# training, profiling), with the values those runs had.
 _TRAIN_SINCE = {
     "init_from": "",
     "mlm_rate": 0.15,
     "predict_eos": True,
     "final_eval_examples": 0,
+    "profile_steps": (),
 }
 
 
@@ -205,6 +206,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise errors.ConfigError(
             f"train.label_smoothing must be in [0, 1), got {config.train.label_smoothing}"
         )
+    profiling.check_steps(config.train.profile_steps)
     if not 0 < config.train.mlm_rate < 1:
         raise errors.ConfigError(f"train.mlm_rate must be in (0, 1), got {config.train.mlm_rate}")
     if not config.train.predict_eos and config.model.kind == "encoder_only":

@@ -38,7 +38,7 @@ from tfjax.data import pipeline
 from tfjax.nn import losses
 from tfjax.parallel import distributed, strategies
 from tfjax.runs import build, evaluator, lock, pretrained
-from tfjax.training import checkpointing, host, logger, steps, storage
+from tfjax.training import checkpointing, host, logger, profiling, steps, storage
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,14 @@ class _Loop:
     step: int = 0  # the step started last (dispatch is asynchronous), for messages
 
     def train(self, state, start: int, preemption: "Preemption", *, chief: bool):
-        """Steps from `start` to `train.num_train_steps` or SIGTERM: (state, step, pending)."""
+        """Steps from `start` to `train.num_train_steps` or SIGTERM: (state, step, pending),
+        tracing `train.profile_steps` into `WORKDIR/profile` (`tfjax.training.profiling`)."""
+        directory = self.writer.workdir / profiling.PROFILE_DIR
+        profile_steps = self.run.config.train.profile_steps
+        with profiling.StepTrace(profile_steps, directory, start=start, enabled=chief) as trace:
+            return self._train(state, start, preemption, trace, chief=chief)
+
+    def _train(self, state, start: int, preemption, trace: profiling.StepTrace, *, chief: bool):
         tcfg, run = self.run.config.train, self.run
         state = run.strategy.put_state(state)
         progress = logger.Progress(tcfg.num_train_steps, initial_step=start, enabled=chief)
@@ -265,6 +272,7 @@ class _Loop:
                 t0 += self._evaluate(state, step)  # evaluation time is not train time
             if step % tcfg.checkpoint_every_steps == 0 or preemption.requested:
                 _save(run, self.checkpointer, state, step, self.rng, self.iterator, pending)
+            t0 += trace.step_done(step, state)  # nor is starting or stopping a trace
         progress.close()
         return state, step, pending
 
@@ -360,6 +368,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
     if config.train.init_from and chief:  # the tokenizer of a pretrained model, before `build`
         pretrained.prepare_workdir(config, workdir)
     run = build.build(config, workdir)
+    if chief:
+        size = sum(leaf.size for leaf in jax.tree.leaves(run.abstract_state.params))
+        log.info("model %s: %s parameters", run.model_config.kind, f"{size:,}")
     run.examples.read()  # a resumed run's splits are deferred: their errors before any write
     iterator = build.train_iterator(run)
     writer = logger.MetricWriter(workdir, enabled=chief)

@@ -3,8 +3,9 @@
 `steps` (TrainState, pure train and eval steps), `mlm` (BERT's masked-LM objective), `optim`
 (schedules and optax chains) and `muon` (Muon's kernel axes), `vectorized` (the steps of a
 vectorised sweep), `checkpointing` (orbax, checksums and fallback), `logger` (metrics.jsonl,
-TensorBoard, progress bar), `host` (host allocator tuning, libtpu on hosts without TPUs) and
-`storage` (a full or read-only disk in one line, atomic writes).
+TensorBoard, progress bar), `profiling` (a `jax.profiler` trace of chosen steps), `host` (host
+allocator tuning, libtpu on hosts without TPUs) and `storage` (a full or read-only disk in one
+line, atomic writes).
 The loop that uses them is `tfjax.runs.trainer`.
 """
 
@@ -17,6 +18,7 @@ __all__ = [
     "mlm",
     "muon",
     "optim",
+    "profiling",
     "steps",
     "storage",
     "vectorized",
