@@ -3,10 +3,12 @@
 A config is named by a spec, `path/to/file.py[:arg]`: the file is loaded as a module and its
 `get_config(arg)` called; or by a workdir's resolved `config.json` (to fine-tune a
 converted checkpoint with its model group, say). Command-line overrides `--config.a.b=value`
-are pulled out of argv by `split_config_overrides` before absl parses flags, then applied by
-`load_config`, which parses each value to the type of the field it replaces and rejects unknown
-keys with the closest valid ones. The returned config is locked: code cannot add keys later.
-Every refusal is a `tfjax.errors.ConfigError` (a ValueError) with a one-line message.
+are pulled out of argv by `split_config_overrides` before absl parses flags (after expanding
+absl's `--flagfile=FILE`, so a flagfile may hold them too; a bare `--config.a.b` sets a boolean
+field true and `--noconfig.a.b` false), then applied by `load_config`, which parses each value
+to the type of the field it replaces and rejects unknown keys with the closest valid ones. The
+returned config is locked: code cannot add keys later. Every refusal is a
+`tfjax.errors.ConfigError` (a ValueError) with a one-line message.
 
 Why not `ml_collections.config_flags.DEFINE_config_file` (tried with ml_collections 1.1.0):
 `--config.train.num_train_steps=1e5` is refused ("invalid literal for int()"); a misspelt key
@@ -26,10 +28,13 @@ from types import ModuleType
 from typing import Any
 
 import ml_collections
+from absl import flags
 
 from tfjax import errors
 
 _PREFIXES = ("--config.", "-config.")
+_NEGATED = ("--noconfig.", "-noconfig.")
+NEGATION = "!"  # "!a.b": the override of `--noconfig.a.b`
 _TRUE = ("true", "1")
 _FALSE = ("false", "0")
 _EXAMPLES = {
@@ -76,11 +81,12 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
 
     Args:
         spec: `path/to/file.py[:arg]`; calls `get_config(arg)`, or `get_config()` without arg.
-        overrides: `"a.b=value"` strings (`--config.a.b=value` without the `--config.` prefix).
-            Values are parsed to the field's type: int (also "1e5"), float, bool (true/false/
-            1/0), str, tuple/list ("1,2", "(1, 2)", "[1,2]"; "()" is empty; nested ones as a
-            Python literal, "(('heads', 'tensor'),)"); a field that is
-            None takes any Python literal (`ast.literal_eval`), else the raw string.
+        overrides: `"a.b=value"` strings (`--config.a.b=value` without the `--config.` prefix);
+            `"a.b"` sets a boolean field true and `"!a.b"` false (`--config.a.b` and
+            `--noconfig.a.b`). Values are parsed to the field's type: int (also "1e5"),
+            float, bool (true/false/1/0), str, tuple/list ("1,2", "(1, 2)", "[1,2]"; "()" is
+            empty; nested ones as a Python literal, "(('heads', 'tensor'),)"); a field that
+            is None takes any Python literal (`ast.literal_eval`), else the raw string.
 
     Returns:
         The locked config.
@@ -163,16 +169,35 @@ def _field(config: ml_collections.ConfigDict, key: str) -> tuple[ml_collections.
 
 
 def apply_override(config: ml_collections.ConfigDict, override: str) -> None:
-    """Applies one `"a.b=value"` override in place (see `load_config` for the value syntax).
+    """Applies one `"a.b=value"`, `"a.b"` or `"!a.b"` override in place (see `load_config`).
 
     Raises:
-        ConfigError: as described in `load_config`.
+        ConfigError: as described in `load_config`; also a bare or negated key whose field
+            is not a boolean.
     """
-    key, sep, raw = override.partition("=")
-    if not sep or not key:
+    key, sep, raw = override.removeprefix(NEGATION).partition("=")
+    if not key or (sep and override.startswith(NEGATION)):
         raise errors.ConfigError(f"config override {override!r} is not of the form 'a.b=value'")
     node, leaf = _field(config, key)
-    node[leaf] = parse_value(key, raw, node.get_type(leaf), node[leaf])
+    field_type = node.get_type(leaf)
+    if sep:
+        node[leaf] = parse_value(key, raw, field_type, node[leaf])
+    elif field_type is bool:
+        node[leaf] = not override.startswith(NEGATION)
+    else:
+        flag = f"--noconfig.{key}" if override.startswith(NEGATION) else f"--config.{key}"
+        raise errors.ConfigError(
+            f"{flag}: config key {key!r} is {field_type.__name__}, not bool, so it needs a "
+            f"value: --config.{key}=VALUE"
+        )
+
+
+def override_flag(override: str) -> str:
+    """The command-line flag of an override: `"a.b=1"` -> `--config.a.b=1`, `"a.b"` ->
+    `--config.a.b`, `"!a.b"` -> `--noconfig.a.b`."""
+    if override.startswith(NEGATION):
+        return f"--noconfig.{override.removeprefix(NEGATION)}"
+    return f"--config.{override}"
 
 
 def apply_updates(config: ml_collections.ConfigDict, updates: Mapping[str, Any]) -> None:
@@ -270,38 +295,73 @@ def _parse_scalar(key: str, raw: str, field_type: type) -> Any:
 
 
 def split_config_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Takes every `--config.a.b=value` (or `--config.a.b value`) out of argv.
+    """Takes every config override out of argv, after expanding `--flagfile=FILE`s.
 
-    absl would reject these as unknown flags, so entry points call this before `app.run`.
-    Processing stops at a bare `--`; `--config=spec` itself stays in argv.
+    absl would reject the overrides as unknown flags, so entry points call this before
+    `app.run`. A flagfile (absl's convention) holds one flag a line, `#` starts a comment line:
+    its lines take its place in argv, so they may be overrides too. The forms: `--config.a.b=V`;
+    `--config.a.b V` when V does not look like a flag (a negative number is a value); a bare
+    `--config.a.b` (followed by a flag, `--` or nothing) -> `"a.b"`, and `--noconfig.a.b` ->
+    `"!a.b"`: true and false for a boolean field (`apply_override`). Processing stops at a bare
+    `--`; `--config=spec` itself stays in argv.
 
     Args:
         argv: the full argument list, program name first (e.g. `sys.argv`).
 
     Returns:
-        (the remaining argv, ["a.b=value", ...] in command-line order).
+        (the remaining argv, the overrides in command-line order).
 
     Raises:
-        ConfigError: if a `--config.a.b` without "=" is the last argument.
+        ConfigError: a flagfile that cannot be read, or `--noconfig.a.b=V`.
     """
-    remaining, overrides = [], []
-    args = iter(argv)
-    for arg in args:
+    args, remaining, overrides, i = _expand_flagfiles(argv), [], [], 0
+    while i < len(args):
+        arg, i = args[i], i + 1
         if arg == "--":
-            remaining.extend([arg, *args])
+            remaining.extend(args[i - 1 :])
             break
+        if arg.startswith(_NEGATED):
+            key = arg.partition(".")[2]
+            if "=" in key:
+                raise errors.ConfigError(
+                    f"{arg}: a --noconfig flag takes no value; write "
+                    f"--config.{key.partition('=')[0]}=VALUE"
+                )
+            overrides.append(NEGATION + key)
+            continue
         prefix = next((p for p in _PREFIXES if arg.startswith(p)), None)
         if prefix is None:
             remaining.append(arg)
             continue
         override = arg[len(prefix) :]
-        if "=" not in override:
-            value = next(args, None)
-            if value is None:
-                raise errors.ConfigError(f"flag {arg} needs a value: {arg}=VALUE")
-            override = f"{override}={value}"
+        if "=" not in override and i < len(args) and not _looks_like_a_flag(args[i]):
+            override, i = f"{override}={args[i]}", i + 1
         overrides.append(override)
     return remaining, overrides
+
+
+def _looks_like_a_flag(arg: str) -> bool:
+    """`--x`, `-x` or `--`, but not a negative number such as `-1` or `-1e-3`."""
+    if not arg.startswith("-"):
+        return False
+    try:
+        float(arg)
+    except ValueError:
+        return True
+    return False
+
+
+def _expand_flagfiles(argv: Sequence[str]) -> list[str]:
+    """argv with each `--flagfile=FILE` replaced by the flags in FILE (absl's reader)."""
+    argv = list(argv)
+    try:
+        return argv[:1] + flags.FLAGS.read_flags_from_files(argv[1:], force_gnu=True)
+    except flags.CantOpenFlagFileError as err:
+        reason = str(err).removeprefix("ERROR:: Unable to open flagfile: ")
+        raise errors.ConfigError(
+            f"cannot read a --flagfile: {reason}; a flagfile holds one flag a line, e.g. "
+            "--config.train.num_train_steps=100"
+        ) from None
 
 
 def get_sweep(spec: str, name: str) -> list[dict[str, object]]:

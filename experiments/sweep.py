@@ -144,7 +144,7 @@ def build_command(spec: str, workdir: pathlib.Path, overrides: Sequence[str]) ->
         TRAIN_MODULE,
         f"--config={spec}",
         f"--workdir={workdir}",
-        *(f"--config.{override}" for override in overrides),
+        *(config_utils.override_flag(override) for override in overrides),
     ]
 
 

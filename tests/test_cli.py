@@ -177,6 +177,7 @@ def paths(tmp_path_factory):
     (root / "syntax.py").write_text("def get_config(arg=None)\n    return None\n")
     (root / "buggy.py").write_text("def get_config(arg=None):\n    return {}['oops']\n")
     (root / "empty").mkdir()
+    (root / "typo.flags").write_text("# a misspelt key\n--config.optim.learnng_rate=3\n")
     return {
         "trained": trained,
         "altered": altered,
@@ -220,6 +221,14 @@ CASES = [
     ("unknown flag", "train", [*TINY, "--workdr=x"],
      ["Unknown command line flag 'workdr'", "workdir", "--helpshort"], True),
     ("stray argument", "train", [*TINY, "extra"], ["unexpected arguments extra"], True),
+    ("flagfile: unknown key", "train", [*TINY, "--flagfile={root}/typo.flags"],
+     ["unknown config key 'optim.learnng_rate'", "did you mean 'optim.learning_rate'"], True),
+    ("flagfile: missing", "train", [*TINY, "--flagfile={root}/none.flags"],
+     ["cannot read a --flagfile", "none.flags", "one flag a line"], True),
+    ("bare non-boolean", "train", [*TINY, "--config.train.num_train_steps"],
+     ["--config.train.num_train_steps: config key", "not bool", "=VALUE"], True),
+    ("negated non-boolean", "train", [*TINY, "--noconfig.optim.learning_rate"],
+     ["--noconfig.optim.learning_rate: config key", "is float, not bool"], True),
     ("workdir is a file", "train", [*TINY, "--workdir={file}"],
      ["is a file, not a directory", "choose another workdir"], False),
     ("workdir locked", "train", [*TINY, "--workdir={trained}"],
@@ -286,6 +295,24 @@ def test_a_user_error_is_one_line_with_status_2(paths, name, module, args, words
     else:  # the lines before the error are the run's own log (plain lines) or warnings
         assert all(PLAIN_LINE.match(line) or line.startswith("warning: ") for line in lines[:-1])
     assert {key: _digest(paths[key]) for key in before} == before  # nothing saved is lost
+
+
+@pytest.mark.slow
+def test_a_flagfile_and_boolean_flags_configure_a_run(tmp_path):
+    flagfile = tmp_path / "tiny.flags"
+    flagfile.write_text("\n".join(["--config=configs/base.py:tiny", *TINY[1:]]) + "\n")
+    workdir = tmp_path / "run"
+    done = tiny_runs.command(
+        "train",
+        f"--flagfile={flagfile}",
+        "--noconfig.train.predict_eos",
+        "--config.model.scan_layers",
+        f"--workdir={workdir}",
+    )
+    assert done.returncode == 0, done.stderr
+    saved = json.loads((workdir / "config.json").read_text())
+    assert saved["data"]["name"] == "reverse" and saved["train"]["num_train_steps"] == 2
+    assert saved["train"]["predict_eos"] is False and saved["model"]["scan_layers"] is True
 
 
 @pytest.mark.slow

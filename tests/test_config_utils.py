@@ -126,7 +126,9 @@ def test_unknown_top_level_key(spec):
         ("model.dims=1,x", r"cannot parse 'x' as int for config key 'model.dims'"),
         ("model=3", r"'model' is a group"),
         ("seed.x=3", r"'seed' is not a group \(type int\); cannot set 'seed.x'"),
-        ("seed", r"not of the form"),
+        ("seed", r"--config\.seed: config key 'seed' is int, not bool, so it needs a value"),
+        ("=3", r"not of the form"),
+        ("!seed=1", r"not of the form"),
     ],
 )
 def test_bad_override_messages(spec, override, pattern):
@@ -178,15 +180,88 @@ def test_repository_config_loads_with_overrides():
             ["a.b=1", "c=x y", "d=-1"],
         ),
         (["prog", "--config.a=1", "--", "--config.b=2"], ["prog", "--", "--config.b=2"], ["a=1"]),
+        # Bare (followed by a flag, "--" or nothing) and negated booleans; a negative number
+        # is a value, not a flag.
+        (["prog", "--config.a", "--workdir=w", "--config.b"], ["prog", "--workdir=w"], ["a", "b"]),
+        (["prog", "--config.a", "--", "x"], ["prog", "--", "x"], ["a"]),
+        (["prog", "--noconfig.a.b", "-noconfig.c", "--config.d", "-1e-3"], ["prog"],
+         ["!a.b", "!c", "d=-1e-3"]),
     ],
-)
+)  # fmt: skip
 def test_split_config_overrides(argv, remaining, overrides):
     assert config_utils.split_config_overrides(argv) == (remaining, overrides)
 
 
-def test_split_config_overrides_needs_a_value():
-    with pytest.raises(ValueError, match="needs a value"):
-        config_utils.split_config_overrides(["prog", "--config.a.b"])
+def test_bare_and_negated_flags_set_booleans():
+    spec = "configs/base.py:tiny"
+    default = config_utils.load_config(spec)
+    assert not default.parallel.distributed and default.train.predict_eos  # both flip below
+    remaining, overrides = config_utils.split_config_overrides(
+        ["prog", "--config.parallel.distributed", "--noconfig.train.predict_eos"]
+    )
+    assert remaining == ["prog"]
+    config = config_utils.load_config(spec, overrides)
+    assert config.parallel.distributed is True and config.train.predict_eos is False
+    assert [config_utils.override_flag(o) for o in overrides] == [
+        "--config.parallel.distributed",
+        "--noconfig.train.predict_eos",
+    ]
+
+
+def test_a_flagfile_holds_config_overrides_and_other_flags(tmp_path):
+    flagfile = tmp_path / "run.flags"
+    flagfile.write_text(
+        "# absl's flagfile: one flag a line\n"
+        "--config.train.num_train_steps=3\n"
+        "--config.model.scan_layers\n"
+        "--noconfig.train.predict_eos\n"
+        "--workdir=runs/x\n"
+    )
+    argv = ["prog", "--config=c.py", f"--flagfile={flagfile}", "--config.train.num_train_steps=5"]
+    remaining, overrides = config_utils.split_config_overrides(argv)
+    assert remaining == ["prog", "--config=c.py", "--workdir=runs/x"]
+    assert overrides == [
+        "train.num_train_steps=3",
+        "model.scan_layers",
+        "!train.predict_eos",
+        "train.num_train_steps=5",  # later flags win, as absl's do
+    ]
+    config = config_utils.load_config("configs/base.py:tiny", overrides)
+    assert (config.train.num_train_steps, config.model.scan_layers) == (5, True)
+    assert config.train.predict_eos is False
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["train.num_train_steps"],
+         "--config.train.num_train_steps: config key 'train.num_train_steps' is int, not bool, "
+         "so it needs a value: --config.train.num_train_steps=VALUE"),
+        (["!optim.learning_rate"],
+         "--noconfig.optim.learning_rate: config key 'optim.learning_rate' is float, not bool"),
+        (["!model.scan_layerz"], "unknown config key 'model.scan_layerz'; did you mean"),
+    ],
+)  # fmt: skip
+def test_a_bare_or_negated_flag_on_another_type_is_refused(overrides, words):
+    with pytest.raises(errors.ConfigError) as info:
+        config_utils.load_config("configs/base.py:tiny", overrides)
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_flag_errors_are_one_line_each(tmp_path):
+    def refusal(argv, spec="configs/base.py:tiny") -> str:
+        with pytest.raises(errors.ConfigError) as info:
+            config_utils.load_config(spec, config_utils.split_config_overrides(argv)[1])
+        assert "\n" not in str(info.value)
+        return str(info.value)
+
+    (tmp_path / "typo.flags").write_text("--config.optim.learnng_rate=3\n")
+    typo = refusal(["prog", f"--flagfile={tmp_path / 'typo.flags'}"])
+    assert "unknown config key 'optim.learnng_rate'; did you mean 'optim.learning_rate'" in typo
+    missing = refusal(["prog", f"--flagfile={tmp_path / 'none.flags'}"])
+    assert missing.startswith("cannot read a --flagfile: ") and "none.flags" in missing
+    valued = refusal(["prog", "--noconfig.parallel.distributed=true"])
+    assert valued.startswith("--noconfig.parallel.distributed=true: a --noconfig flag takes no")
 
 
 def test_load_config_json_round_trips_the_trainer_file(spec, tmp_path):

@@ -53,6 +53,11 @@ def spec(tmp_path) -> str:
     return f"{path}:tiny"
 
 
+def test_a_run_command_spells_bare_and_negated_overrides_as_flags():
+    command = sweep.build_command("c.py", pathlib.Path("w"), ["a.b=1", "c", "!d.e"])
+    assert command[-3:] == ["--config.a.b=1", "--config.c", "--noconfig.d.e"]
+
+
 def test_expand_names_workdirs_and_commands(spec, tmp_path):
     runs = sweep.expand(spec, "grid", ["optim.warmup_steps=10"], tmp_path / "root")
     assert [run.name for run in runs] == [
