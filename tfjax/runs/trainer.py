@@ -6,8 +6,9 @@ dropout key, data-iterator position) and continues with exactly the batches that
 next. SIGTERM (preemption) saves a checkpoint and returns; before the first step (while the run is
 built, restored and compiled) it returns at once, saving nothing, with a warning that says so. A
 workdir whose config.json is damaged is not resumed while checkpoints depend on it (the error says
-how to repair it). A non-finite loss stops the run (`tfjax.errors.DivergedError`) before anything
-is saved over the last good checkpoint. One run at a time: the workdir is locked
+how to repair it). A non-finite loss, gradient or parameter stops the run
+(`tfjax.errors.DivergedError`) before anything is saved over the last good checkpoint: every save
+first checks the state it writes. One run at a time: the workdir is locked
 (`tfjax.runs.lock`). A new run with `train.init_from` starts from the parameters of another workdir
 or of a Hugging Face checkpoint (`tfjax.runs.pretrained`), with fresh optimizer moments.
 
@@ -147,17 +148,35 @@ class Preemption:
         self.release()
 
 
-def _check_finite(sums: dict[str, float], step: int, checkpointer) -> None:
-    if np.isfinite(sums.get("loss_sum", 0.0)) and np.isfinite(sums.get("grad_norm", 0.0)):
-        return
+_LOWER = (
+    "Lower optim.learning_rate, set optim.grad_clip_norm, or use float32 compute (model.dtype), "
+    "then rerun: it resumes from the last good checkpoint."
+)
+
+
+def _diverged(what: str, checkpointer, fix: str = _LOWER) -> errors.DivergedError:
+    """The error of a run that diverged: `what` happened, which checkpoint is kept, `fix`."""
     latest = checkpointer.latest_step()
     kept = f"the last good checkpoint is step {latest}" if latest is not None else "none saved yet"
-    raise errors.DivergedError(
+    return errors.DivergedError(f"{what}. Nothing was saved after it ({kept}). {fix}")
+
+
+def _check_finite(sums: dict[str, float], step: int, checkpointer) -> None:
+    """Raises DivergedError for a non-finite loss or gradient in `sums`."""
+    if np.isfinite(sums.get("loss_sum", 0.0)) and np.isfinite(sums.get("grad_norm", 0.0)):
+        return
+    raise _diverged(
         f"non-finite loss or gradient before step {step} (loss_sum={sums.get('loss_sum')}, "
-        f"grad_norm={sums.get('grad_norm')}). Nothing was saved after it ({kept}). Lower "
-        "optim.learning_rate, set optim.grad_clip_norm, or use float32 compute (model.dtype), "
-        "then rerun: it resumes from the last good checkpoint."
+        f"grad_norm={sums.get('grad_norm')})",
+        checkpointer,
     )
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    """True (a bool scalar) when every floating-point element of `tree` is finite."""
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves] or [jnp.bool_(True)]))
 
 
 def _fetch(pending: list) -> dict[str, float]:
@@ -191,12 +210,16 @@ def _log_train(
 
 
 def _save(run, checkpointer, state, step: int, rng, iterator, pending: list) -> None:
-    """Checks the steps since the last log were finite, then saves asynchronously."""
+    """Checks the steps since the last log and the state to be saved (parameters and optimizer
+    state: a step's metrics come before its update) are finite, then saves asynchronously."""
     if pending:
         _check_finite(_fetch(pending), step, checkpointer)
+    saved = run.strategy.checkpoint_state(state)
+    if not bool(_all_finite(saved)):
+        raise _diverged(f"non-finite parameters or optimizer state after step {step}", checkpointer)
     checkpointer.save(
         step,
-        run.strategy.checkpoint_state(state),
+        saved,
         rng=rng,
         data_state=iterator.get_state(),
         config=build.config_dict(run.config),
