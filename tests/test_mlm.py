@@ -286,3 +286,48 @@ def test_a_row_with_few_candidates_gets_one_selected_and_one_without_none():
         _, selected = _masked(batch, jax.random.key(seed))
         np.testing.assert_array_equal(selected.sum(1), [1, 1, 1, 0])
         assert not (selected & ~candidates).any()
+
+
+def _unknown_words_workdir(tmp_path):
+    """A workdir whose tokenizer knows none of `_corpus`'s words: every token is [UNK]."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    tokenizers.WordTokenizer.build(["zebra yak"], mask=True).save(workdir / "tokenizer.json")
+    return workdir
+
+
+def test_a_corpus_with_nothing_to_mask_is_refused_before_the_first_step(tmp_path):
+    workdir = _unknown_words_workdir(tmp_path)
+    with pytest.raises(errors.DataError) as info:
+        trainer.train_and_evaluate(_mlm_config(tmp_path), workdir)
+    message = str(info.value)
+    assert "training split has no token" in message and "\n" not in message
+    assert "unknown to the tokenizer" in message
+    assert not (workdir / "checkpoints").exists() and not logger.read_metrics(workdir)
+
+
+def test_a_run_that_scores_no_token_stops_at_its_first_log(tmp_path, monkeypatch):
+    # Without the check at the start, every step's loss is 0/0: the first log must stop the run.
+    monkeypatch.setattr(mlm, "check_maskable", lambda *args, **kwargs: None)
+    workdir = _unknown_words_workdir(tmp_path)
+    with pytest.raises(errors.DivergedError, match=r"no token was scored .* up to step 2"):
+        trainer.train_and_evaluate(_mlm_config(tmp_path, "train.log_every_steps=2"), workdir)
+    assert build.saved_steps(workdir) == []
+
+
+def test_check_maskable_needs_one_candidate_in_the_split():
+    unk, mask = tokenizers.UNK_ID, MASKING.mask_id
+    rows = [
+        {"inputs": np.array([1, unk, 2, 0]), "inputs_segment_ids": np.array([1, 1, 1, 0])},
+        {"inputs": np.array([1, mask, 2, 0]), "inputs_segment_ids": np.array([1, 1, 1, 0])},
+    ]
+    with pytest.raises(errors.DataError, match=r"its 2 lines is unknown .* \(1 \[UNK\]\)"):
+        mlm.check_maskable(rows, MASKING, split="training", unk_id=unk)
+    with pytest.raises(errors.DataError, match=r"evaluation split .* only special tokens"):
+        mlm.check_maskable(rows[1:], MASKING, split="evaluation", unk_id=unk)
+    padded_word = {"inputs": np.array([1, 2, 9]), "inputs_segment_ids": np.array([1, 1, 0])}
+    with pytest.raises(errors.DataError):  # a word in the padding is no candidate
+        mlm.check_maskable([padded_word], MASKING, split="training", unk_id=unk)
+    word = {"inputs": np.array([1, 9, 2]), "inputs_segment_ids": np.array([1, 1, 1])}
+    mlm.check_maskable([*rows, word], MASKING, split="training", unk_id=unk)
+    mlm.check_maskable([], MASKING, split="training", unk_id=unk)

@@ -39,7 +39,7 @@ from tfjax.data import pipeline
 from tfjax.nn import losses
 from tfjax.parallel import distributed, strategies
 from tfjax.runs import build, evaluator, lock, pretrained
-from tfjax.training import checkpointing, host, logger, profiling, steps, storage
+from tfjax.training import checkpointing, host, logger, mlm, profiling, steps, storage
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,15 @@ def _diverged(what: str, checkpointer, fix: str = _LOWER) -> errors.DivergedErro
 
 
 def _check_finite(sums: dict[str, float], step: int, checkpointer) -> None:
-    """Raises DivergedError for a non-finite loss or gradient in `sums`."""
+    """Raises DivergedError for a non-finite loss or gradient in `sums`, or a loss of 0/0 (no
+    token scored: a masked-LM run with nothing it can mask)."""
+    if sums.get("weight_sum") == 0:
+        raise _diverged(
+            f"no token was scored in the steps up to step {step}, so the loss is 0/0 (nan)",
+            checkpointer,
+            "A masked-LM run scores only tokens it can mask: train on text the tokenizer's "
+            "vocabulary covers.",
+        )
     if np.isfinite(sums.get("loss_sum", 0.0)) and np.isfinite(sums.get("grad_norm", 0.0)):
         return
     raise _diverged(
@@ -395,6 +403,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
         size = sum(leaf.size for leaf in jax.tree.leaves(run.abstract_state.params))
         log.info("model %s: %s parameters", run.model_config.kind, f"{size:,}")
     run.examples.read()  # a resumed run's splits are deferred: their errors before any write
+    _check_maskable(run)
     iterator = build.train_iterator(run)
     writer = logger.MetricWriter(workdir, enabled=chief)
     with checkpointing.Checkpointer(
@@ -427,6 +436,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
     writer.write(step, "final_eval", result)
     writer.close()
     return result
+
+
+def _check_maskable(run: build.Run) -> None:
+    """A masked-LM run: refuses splits with no token to mask (`mlm.check_maskable`)."""
+    masking = build.make_masking(run.config, run.examples.tokenizer)
+    if masking is None:
+        return
+    unk_id = run.examples.tokenizer.unk_id
+    for split, rows in (("training", run.examples.train), ("evaluation", run.examples.eval)):
+        mlm.check_maskable(rows, masking, split=split, unk_id=unk_id)
 
 
 @contextlib.contextmanager

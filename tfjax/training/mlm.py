@@ -18,6 +18,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from tfjax import errors
@@ -63,6 +64,42 @@ def masking_for(tokenizer, rate: float) -> Masking:
         )
     specials = tuple(sorted({int(i) for i in tokenizer.special_ids} | {int(tokenizer.mask_id)}))
     return Masking(int(tokenizer.mask_id), int(tokenizer.vocab_size), specials, float(rate))
+
+
+def check_maskable(rows: list, masking: Masking, *, split: str, unk_id: int | None) -> None:
+    """Refuses a split in which masking can select no token: its loss would be 0/0 (NaN) at
+    every step, with zero gradients. A row without a candidate is fine (it is scored nowhere);
+    a split without one is not.
+
+    Args:
+        rows: encoded examples, `inputs` and `inputs_segment_ids` [S] int32 each.
+        masking: its `special_ids` are never selected.
+        split: the split's name, for the message ("training", "evaluation").
+        unk_id: the tokenizer's unknown-word id, to say when every token is unknown.
+
+    Raises:
+        tfjax.errors.DataError: when `rows` has rows but no token masking may select.
+    """
+    special = np.asarray(masking.special_ids)
+    real = unknown = 0
+    for row in rows:
+        tokens = np.asarray(row["inputs"])[np.asarray(row["inputs_segment_ids"]) > 0]
+        if not np.isin(tokens, special).all():
+            return  # a candidate: the split can be scored
+        real += tokens.size
+        unknown += int(np.sum(tokens == unk_id)) if unk_id is not None else 0
+    if not rows:
+        return
+    why = (
+        f"every word of its {len(rows)} lines is unknown to the tokenizer ({unknown} [UNK])"
+        if unknown
+        else f"its {len(rows)} lines hold only special tokens ({real} in all)"
+    )
+    raise errors.DataError(
+        f"the {split} split has no token the masked-LM objective can mask and score: {why}; "
+        "train on text that the tokenizer's vocabulary covers (data.name, data.train_path): a "
+        "workdir keeps the tokenizer it started with, a pretrained run uses its checkpoint's"
+    )
 
 
 def mask_row(
