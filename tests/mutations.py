@@ -1163,6 +1163,23 @@ MUTATIONS = [
         "dropout_rate=0.0,",
         "tests/test_models.py::test_t5_mlp_dropout_drops_the_hidden_activations_of_every_feed_forward",
     ),
+    # --- Issue 61: the trainer's save guard, the logged LR under accumulation ------------------
+    M(
+        "save-skips-finite-check",
+        "tfjax/runs/trainer.py",
+        "    if not bool(_all_finite(saved)):",
+        "    if False:",
+        "tests/test_trainer.py",
+        "-k",
+        "non_finite_loss_stops",
+    ),
+    M(
+        "logged-lr-ignores-accumulation",
+        "tfjax/training/steps.py",
+        'metrics["learning_rate"] = schedule(state.step // grad_accum_steps)',
+        'metrics["learning_rate"] = schedule(state.step)',
+        "tests/test_trainer.py::test_the_logged_learning_rate_advances_once_per_accumulated_update",
+    ),
 ]
 
 

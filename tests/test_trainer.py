@@ -16,10 +16,11 @@ import pytest
 from tiny_runs import REVERSE
 
 from experiments import config_utils
-from tfjax import errors
+from tfjax import errors, models
 from tfjax.data import pipeline
 from tfjax.runs import build, evaluator, lock, trainer
 from tfjax.training import checkpointing, logger, optim
+from tfjax.training import steps as train_steps
 
 
 def _config(spec="configs/base.py:tiny", *overrides):
@@ -174,6 +175,37 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(
     if last_good is not None:  # what a rerun resumes from
         assert _restore(tmp_path).step == last_good
         assert all(np.isfinite(x).all() for x in jax.tree.leaves(_params(tmp_path)))
+
+
+def test_the_logged_learning_rate_advances_once_per_accumulated_update():
+    # With grad_accum_steps=k the optimizer applies one update per k steps and the schedule
+    # advances with the applied updates: step t (from 1) logs the paper's LR at
+    # s = (t - 1) // k + 1 (the updates applied before it, plus one).
+    k, d_model, warmup = 3, 32, 10
+    config = _config(
+        "configs/base.py:tiny",
+        *REVERSE,
+        f"optim.grad_accum_steps={k}",
+        f"model.embed_dim={d_model}",
+        f"optim.warmup_steps={warmup}",
+        "optim.schedule=paper",
+        "optim.learning_rate=1.0",
+    )
+    model_config = build.make_model_config(config, 16)
+    model = models.create_model(model_config)
+    optimizer, schedule = build.make_optimizer(config, model_config)
+    step = jax.jit(build.make_train_step(config, model, optimizer, schedule))
+    batch = {key: np.ones_like(x) for key, x in build.sample_batch(config).items()}
+    state = jax.jit(
+        lambda: train_steps.create_train_state(
+            model, optimizer, jax.random.key(0), batch, model_config.kind
+        )
+    )()
+    for t in range(1, 7):
+        state, metrics = step(state, batch, jax.random.key(1))
+        s = (t - 1) // k + 1
+        want = d_model**-0.5 * min(s**-0.5, s * warmup**-1.5)
+        np.testing.assert_allclose(metrics["learning_rate"], want, rtol=1e-6, err_msg=f"step {t}")
 
 
 def test_a_workdir_from_another_model_is_refused_and_kept(tmp_path):
