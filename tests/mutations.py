@@ -764,7 +764,7 @@ MUTATIONS = [
     M(
         "lock-same-host-pid-check-removed",
         "tfjax/runs/lock.py",
-        "        elif not flocked and _pid_alive(holder.pid):",
+        "        elif not flocked and _pid_alive(holder.pid, holder.pid_start):",
         "        elif False:",
         "tests/test_lock.py::test_without_flock_the_record_decides",
     ),
@@ -1179,6 +1179,20 @@ MUTATIONS = [
         'metrics["learning_rate"] = schedule(state.step // grad_accum_steps)',
         'metrics["learning_rate"] = schedule(state.step)',
         "tests/test_trainer.py::test_the_logged_learning_rate_advances_once_per_accumulated_update",
+    ),
+    M(
+        "lock-reused-pid-taken-for-the-holder",
+        "tfjax/runs/lock.py",
+        "    return now is None or now == started",
+        "    return True",
+        "tests/test_lock.py::test_without_flock_a_pid_reused_by_another_process_is_taken_over",
+    ),
+    M(
+        "lock-age-by-this-hosts-clock",
+        "tfjax/runs/lock.py",
+        "        now = _filesystem_time(self.workdir)",
+        "        now = time.time()",
+        "tests/test_lock.py::test_another_hosts_live_record_is_not_judged_by_this_hosts_clock",
     ),
 ]
 

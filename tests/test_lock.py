@@ -29,9 +29,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 HOST = socket.gethostname()
 
 
-def _write_record(workdir: pathlib.Path, host: str, pid: int, age: float = 0.0) -> None:
+def _write_record(
+    workdir: pathlib.Path, host: str, pid: int, age: float = 0.0, **extra: str
+) -> None:
     path = workdir / lock.LOCK_FILE
     record = {"host": host, "pid": pid, "started": "2025-01-02 10:00:00 UTC", "command": "x"}
+    record.update(extra)
     path.write_text(json.dumps(record))
     if age:
         os.utime(path, (time.time() - age, time.time() - age))
@@ -172,6 +175,59 @@ def test_without_flock_the_record_decides(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING), lock.WorkdirLock(tmp_path):
         pass
     assert "cannot flock" in caplog.text and "taking over" in caplog.text
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="start times from /proc")
+def test_without_flock_a_pid_reused_by_another_process_is_taken_over(tmp_path, monkeypatch, caplog):
+    # The record's pid runs (pytest's parent), but it is not the process that wrote the record:
+    # that one started at another time, and the kernel has given its number away since.
+    monkeypatch.setattr(lock, "os_file_lock", _NoFlock)
+    parent = os.getppid()
+    started = lock.process_start(parent)
+    assert started and started == lock.process_start(parent)  # a stable start per process
+    _write_record(tmp_path, HOST, parent, pid_start=started)
+    with pytest.raises(errors.WorkdirLockedError, match=f"pid {parent}"):
+        lock.WorkdirLock(tmp_path).acquire()  # the very process: alive
+    boot, ticks = started.rsplit(":", 1)
+    _write_record(tmp_path, HOST, parent, pid_start=f"{boot}:{int(ticks) + 1}")
+    with caplog.at_level(logging.WARNING), lock.WorkdirLock(tmp_path):
+        assert lock.read_holder(tmp_path).pid_start == lock.process_start(os.getpid())
+    assert "taking over" in caplog.text and f"pid {parent}" in caplog.text
+
+
+def test_another_hosts_live_record_is_not_judged_by_this_hosts_clock(tmp_path, monkeypatch):
+    # This host's clock runs 10 minutes ahead of the file server's: the record, touched a
+    # moment ago by the server's clock, would look 10 minutes old by this one's.
+    real = time.time
+    monkeypatch.setattr(lock.time, "time", lambda: real() + 600.0)
+    _write_record(tmp_path, "elsewhere", 7)
+    stop = threading.Event()
+
+    def heartbeat():
+        while not stop.wait(0.05):
+            os.utime(tmp_path / lock.LOCK_FILE)
+
+    beating = threading.Thread(target=heartbeat)
+    beating.start()
+    try:
+        with pytest.raises(errors.WorkdirLockedError, match="host elsewhere, pid 7"):
+            lock.WorkdirLock(tmp_path, heartbeat_seconds=0.1, stale_seconds=2.0).acquire()
+    finally:
+        stop.set()
+        beating.join()
+    assert [p.name for p in tmp_path.iterdir()] == [lock.LOCK_FILE]  # the clock probe is gone
+
+
+@pytest.mark.parametrize("target", ["missing", "real"])
+def test_a_lock_file_that_is_a_symbolic_link_is_one_line(tmp_path, target):
+    (tmp_path / "real").write_text("")
+    (tmp_path / lock.LOCK_FILE).symlink_to(target)
+    with pytest.raises(errors.WorkdirError) as info:
+        lock.WorkdirLock(tmp_path).acquire()
+    message = str(info.value)
+    assert f"is a symbolic link (to {target})" in message and "remove it" in message
+    assert "\n" not in message
+    assert not (tmp_path / "missing").exists()  # never followed
 
 
 _CONTENDER = """

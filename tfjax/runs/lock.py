@@ -9,11 +9,21 @@ The OS lock is `filelock.FileLock`'s non-blocking `flock`, which the kernel drop
 process exits in any way, so a record found with the flock free is a dead run's and is taken
 over with a warning. Where flock is kept per host or refused (some NFS mounts, FUSE), the holder
 touches the file every `HEARTBEAT_SECONDS` and a record of another host is taken over only once
-untouched for `STALE_SECONDS`. The heartbeat and the record-only mode are kept here rather than
-filelock's leases, which are existence locks: a crashed run's marker would block its workdir
-even on its own host, where the flock answers at once. In a multi-host JAX run process 0 takes
-the lock and tells the others. The decoding tools only read a workdir and take no lock.
-The cases one by one: docs/scale.md, "The workdir lock".
+untouched for `STALE_SECONDS`: its age is read against a file this run stamps on the same
+filesystem, never against this host's clock (skewed, it could take over a live run at once), and
+a younger record is watched on this host's monotonic clock. Without flock a record of this host
+is a live run while its pid runs with the start time recorded (`Holder.pid_start`), so a pid
+the kernel gave to another process does not keep the workdir.
+
+filelock's `SoftFileLease` does much of this for its own marker (it takes over at once a holder
+of this host that is dead, comparing process start times, and waits out another host's on its
+own monotonic clock), but its marker names no start time or command for the refusal, reads a
+tfjax record as malformed (taken over only after its grace period, not at once when its process
+is gone) and asks every contender to poll for a lease's whole duration; the flock, which answers
+at once for a live or dead holder on any filesystem that has it, stays the lock, and the record
+its annotation. In a multi-host JAX run process 0 takes the lock and tells the others. The
+decoding tools only read a workdir and take no lock. The cases one by one: docs/scale.md, "The
+workdir lock".
 """
 
 import contextlib
@@ -26,6 +36,7 @@ import os
 import pathlib
 import socket
 import sys
+import tempfile
 import threading
 import time
 
@@ -51,6 +62,7 @@ class Holder:
     pid: int
     started: str
     command: str = ""
+    pid_start: str = ""  # the process's start ("<boot id>:<ticks>", Linux), "" where unknown
 
     def describe(self) -> str:
         command = f", command {self.command}" if self.command else ""
@@ -66,6 +78,7 @@ class Holder:
                 int(record["pid"]),
                 str(record["started"]),
                 str(record.get("command", "")),
+                str(record.get("pid_start", "")),
             )
         except (ValueError, TypeError, KeyError):
             return None
@@ -74,7 +87,21 @@ class Holder:
 def this_process() -> Holder:
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     command = " ".join(sys.argv)[:200]
-    return Holder(socket.gethostname(), os.getpid(), started, command)
+    pid = os.getpid()
+    return Holder(socket.gethostname(), pid, started, command, process_start(pid) or "")
+
+
+def process_start(pid: int) -> str | None:
+    """When process `pid` of this host started, as "<boot id>:<clock ticks since boot>" (Linux's
+    /proc), None where it cannot be read (no such process, another system). Two processes that
+    had the same pid have different starts."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_bytes()
+        boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 1 :].split()  # the command name may hold spaces and ')'
+    return f"{boot}:{int(fields[19])}" if len(fields) > 19 and fields[19].isdigit() else None
 
 
 def read_holder(workdir: str | os.PathLike) -> Holder | None:
@@ -99,14 +126,37 @@ def os_file_lock(path: pathlib.Path, *, on_acquired) -> filelock.BaseFileLock:
     )
 
 
-def _pid_alive(pid: int) -> bool:
+def _pid_alive(pid: int, started: str = "") -> bool:
+    """Whether process `pid` of this host runs and, when its start is recorded (`started`,
+    from `process_start`) and readable now, is the process that started then, not another one
+    the kernel gave the number to since."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # alive, owned by another user
-        return True
-    return True
+        pass
+    now = process_start(pid) if started else None
+    return now is None or now == started
+
+
+def _filesystem_time(directory: pathlib.Path) -> float | None:
+    """The time `directory`'s filesystem stamps on a file touched now: what a heartbeat's
+    `os.utime` writes there (an NFS server stamps its own time), so that a record's age needs
+    no other host's clock, nor this one's. None when no file can be made there."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{LOCK_FILE}.", suffix=".clock", dir=directory)
+    except OSError:
+        return None
+    try:
+        os.utime(name)
+        return os.fstat(fd).st_mtime
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(name)
 
 
 class WorkdirLock:
@@ -153,23 +203,43 @@ class WorkdirLock:
             raise self._busy(self._holder_soon()) from None
         except OSError as err:
             if err.errno not in _NO_LOCKING:
-                raise
+                raise self._unusable(err) from err
             log.warning(
                 "%s: this filesystem cannot flock (%s); using the record only",
                 self.path,
                 err.strerror,
             )
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                self._claim(fd, flocked=False)
-            finally:
-                os.close(fd)
+            self._claim_unlocked()
             os_lock = None
         self._lock = os_lock
         self._held = True
         self._stop.clear()
         self._heartbeat = threading.Thread(target=self._beat, name="tfjax-lock", daemon=True)
         self._heartbeat.start()
+
+    def _claim_unlocked(self) -> None:
+        """`_claim` where the filesystem cannot flock: the record alone decides."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as err:
+            raise self._unusable(err) from err
+        try:
+            self._claim(fd, flocked=False)
+        finally:
+            os.close(fd)
+
+    def _unusable(self, err: OSError) -> errors.WorkdirError:
+        """The one-line error of a lock file that cannot be opened (a symbolic link, which the
+        lock never follows, or a file this user may not write)."""
+        if self.path.is_symlink():
+            target = os.readlink(self.path)
+            what = f"is a symbolic link (to {target}), which the lock does not follow"
+        else:
+            what = f"cannot be opened ({err.strerror or err})"
+        return errors.WorkdirError(
+            f"workdir {self.workdir}: its lock file {self.path} {what}; remove it (a run makes "
+            "a new one) unless another program uses it, or train in another workdir"
+        )
 
     def _holder_soon(self) -> Holder | None:
         """The holder's record, waiting up to `RECORD_WAIT_SECONDS` for it: a run that has just
@@ -215,7 +285,7 @@ class WorkdirLock:
         """Returns if `holder` is a run that is gone (warning that its lock is taken over)."""
         if holder.host != socket.gethostname():
             self._wait_until_stale(fd, holder)
-        elif not flocked and _pid_alive(holder.pid):
+        elif not flocked and _pid_alive(holder.pid, holder.pid_start):
             raise errors.WorkdirLockedError(
                 f"{self._busy(holder)}; if pid {holder.pid} is not a training run (its number "
                 f"was reused), delete {self.path}"
@@ -228,21 +298,24 @@ class WorkdirLock:
         )
 
     def _wait_until_stale(self, fd: int, holder: Holder) -> None:
-        """Returns once another host's record has gone untouched for `stale_seconds`.
+        """Returns once another host's record has gone untouched for `stale_seconds`: at once
+        when the filesystem's clock (`_filesystem_time`) says so, else after watching it.
 
         Raises:
             WorkdirLockedError: if the holder's heartbeat touches the file meanwhile.
         """
         first = os.fstat(fd).st_mtime
-        if time.time() - first > self.stale_seconds:
+        now = _filesystem_time(self.workdir)
+        age = None if now is None else now - first
+        if age is not None and age > self.stale_seconds:
             return
         log.warning(
-            "%s: host %s (pid %d) touched it %.0f s ago; watching it for %.0f s to see "
-            "whether that run is alive",
+            "%s: host %s (pid %d) touched it %s; watching it for %.0f s to see whether that "
+            "run is alive",
             self.path,
             holder.host,
             holder.pid,
-            max(time.time() - first, 0.0),
+            "at an unknown time" if age is None else f"{max(age, 0.0):.0f} s ago",
             self.stale_seconds,
         )
         deadline = time.monotonic() + self.stale_seconds
