@@ -1194,6 +1194,13 @@ MUTATIONS = [
         "        now = time.time()",
         "tests/test_lock.py::test_another_hosts_live_record_is_not_judged_by_this_hosts_clock",
     ),
+    M(
+        "rerun-appends-a-second-final-eval",
+        "tfjax/runs/trainer.py",
+        '    writer.drop(step, "final_eval")',
+        "    pass",
+        "tests/test_trainer.py::test_the_final_eval_scores_final_eval_examples",
+    ),
 ]
 
 

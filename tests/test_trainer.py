@@ -270,6 +270,14 @@ def test_the_final_eval_scores_final_eval_examples(tmp_path, monkeypatch):
     overrides = ("train.eval_every_steps=0", "train.final_eval_examples=3")
     trainer.train_and_evaluate(_config("configs/base.py:tiny", *REVERSE, *overrides), tmp_path)
     assert calls == [3]
+    # Rerunning the finished run scores it again (here more examples) and replaces the record:
+    # metrics.jsonl keeps one record per step and kind.
+    again = (*overrides[:1], "train.final_eval_examples=40")
+    result = trainer.train_and_evaluate(_config("configs/base.py:tiny", *REVERSE, *again), tmp_path)
+    assert calls == [3, 40]
+    records = logger.read_metrics(tmp_path, "final_eval")
+    assert [r["step"] for r in records] == [2]
+    assert records[0]["loss"] == pytest.approx(result["loss"], rel=1e-6)
 
 
 def test_a_locked_workdir_is_refused_in_one_line_before_anything_is_written(tmp_path):

@@ -433,6 +433,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
                 run.strategy.host_params(state),
                 max_examples=config.train.final_eval_examples,
             )
+    writer.drop(step, "final_eval")  # a rerun of a finished run evaluates its last step again
     writer.write(step, "final_eval", result)
     writer.close()
     return result

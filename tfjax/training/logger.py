@@ -162,6 +162,24 @@ class MetricWriter:
             storage.write_text_atomic(self.path, "".join(f"{line}\n" for line in kept))
         return dropped
 
+    def drop(self, step: int, kind: str) -> int:
+        """Removes the `kind` records of `step` from metrics.jsonl; returns how many.
+
+        For a record written again at the same step (a rerun of a finished run evaluates its
+        last step once more), so that the file keeps one record per step and kind. Lines that
+        are no record are kept; the file is rewritten as `drop_after` does.
+        """
+        if not self.enabled or not self.path.exists():
+            return 0
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        kept = [line for line in lines if _step_and_kind(line) != (step, kind)]
+        if len(kept) < len(lines):
+            storage.write_text_atomic(self.path, "".join(f"{line}\n" for line in kept))
+        return len(lines) - len(kept)
+
     def close(self) -> None:
         """Flushes and closes the files; a later write opens them again."""
         if self._file is not None:
@@ -218,6 +236,15 @@ def _import_tensorboardx() -> Any:
         if sys.modules.get("torch", 0) is None:
             del sys.modules["torch"]
     return tensorboardX
+
+
+def _step_and_kind(line: str) -> tuple | None:
+    """(step, kind) of a metrics.jsonl line; None for a line that is no record."""
+    try:
+        record = json.loads(line)
+        return record["step"], record["kind"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return None
 
 
 def _decode_record(record: dict) -> dict:
