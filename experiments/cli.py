@@ -18,7 +18,9 @@ through tqdm when it is loaded so that a live progress bar is redrawn below them
 format stays for `--verbose`, `--logtostderr` and `--log_dir` (docs/training.md, "Console
 output"). Every entry point but the benchmark and the planner (which measure compilation) keeps
 its compiled programs in JAX's persistent compilation cache (`--compilation_cache_dir`,
-`--nocompilation_cache`; docs/compilation_cache.md).
+`--nocompilation_cache`; docs/compilation_cache.md); JAX's warnings about a cache it cannot
+read or write become one `warning:` line, and entries renamed or swapped in place are removed
+before JAX reads them (`experiments.compile_cache`).
 """
 
 import functools
@@ -33,6 +35,7 @@ from collections.abc import Callable, Sequence
 from absl import app, flags
 from absl import logging as absl_logging
 
+from experiments import compile_cache
 from tfjax import errors
 
 USAGE_STATUS = 2  # the shell's convention for "wrong usage", as argparse uses it
@@ -221,11 +224,14 @@ def _with_compilation_cache(entry: Callable) -> Callable:
     @functools.wraps(entry)
     def run(argv, **kwargs):
         options = flags.FLAGS
-        if options.compilation_cache:
-            use_compilation_cache(options.compilation_cache_dir or default_cache_dir())
-        else:
+        if not options.compilation_cache:
             use_compilation_cache(None)
-        return entry(argv, **kwargs)
+            return entry(argv, **kwargs)
+        use_compilation_cache(options.compilation_cache_dir or default_cache_dir())
+        try:
+            return entry(argv, **kwargs)
+        finally:
+            compile_cache.record()  # the entries this command wrote, as they are now
 
     return run
 
@@ -253,6 +259,7 @@ def use_compilation_cache(directory: str | os.PathLike | None) -> None:
         return
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
+    compile_cache.watch(directory)  # JAX's warnings as one line; swapped entries removed
     threshold = float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 0))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", threshold)
 

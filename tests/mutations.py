@@ -1201,6 +1201,22 @@ MUTATIONS = [
         "    pass",
         "tests/test_trainer.py::test_the_final_eval_scores_final_eval_examples",
     ),
+    M(
+        "compile-cache-swapped-entries-kept",
+        "experiments/compile_cache.py",
+        "stat.st_ctime_ns > stat.st_mtime_ns",
+        "stat.st_ctime_ns < stat.st_mtime_ns",
+        "tests/test_compile_cache.py",
+        "-k",
+        "swapped and not compiles_them_again",
+    ),
+    M(
+        "compile-cache-warnings-shown-raw",
+        "experiments/compile_cache.py",
+        "        warnings.showwarning = _show_warning(warnings.showwarning)",
+        "        pass",
+        "tests/test_compile_cache.py::test_a_cache_folder_that_cannot_be_made_is_one_warning_line",
+    ),
 ]
 
 
