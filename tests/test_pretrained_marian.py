@@ -10,6 +10,7 @@ own decoding options), and export back to a directory `transformers` loads.
 
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 from experiments import config_utils
-from tfjax import models, pretrained
+from tfjax import errors, models, pretrained
 from tfjax.inference import beam_search, decoding
 from tfjax.nn import positional
 from tfjax.pretrained import marian
@@ -187,6 +188,29 @@ def test_decoding_options_come_from_generation_config(marian_dir):
         "force_eos": True,
         "max_length": 11,
     }
+
+
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        ({"early_stopping": True}, "early_stopping=True: tfjax's beam search does not"),
+        ({"bad_words_ids": [[5, 6]]}, "bad_words_ids with multi-token entries ([[5, 6]])"),
+        ({"do_sample": True}, "do_sample=True: tfjax's"),
+    ],
+)
+def test_an_unsupported_generation_option_is_named_alone(marian_dir, tmp_path, edit, named):
+    directory, hf_model = marian_dir
+    shutil.copytree(directory, tmp_path / "m")
+    path = tmp_path / "m" / marian.GENERATION_FILE
+    generation = json.loads(path.read_text())
+    assert generation["bad_words_ids"] == [[hf_model.config.pad_token_id]]  # supported: kept
+    path.write_text(json.dumps({**generation, **edit}))
+    with pytest.raises(errors.ConversionError) as info:
+        _search_options(tmp_path / "m")
+    message = str(info.value)
+    assert named in message and "\n" not in message
+    others = message.replace(named, "").replace("(it does early_stopping=false,", "")
+    assert not any(option in others for option in ("early_stopping", "bad_words", "do_sample"))
 
 
 def test_greedy_generation_matches_hf_generate(marian_dir):

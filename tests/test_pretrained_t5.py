@@ -298,6 +298,13 @@ def test_t5_other_architectures_are_refused(t5_dir, tmp_path):
     assert "names architectures ['T5EncoderModel']: tfjax converts" in message
 
 
+def test_t5_with_a_head_named_says_t5_has_none_to_choose(t5_dir):
+    directory, _, _ = t5_dir
+    message = _load_error(directory, head="mlm")
+    assert "head='mlm': a t5 checkpoint has no mlm head, only its one output layer" in message
+    assert "without a head" in message and "None" not in message
+
+
 def test_t5_untied_encoder_embeddings_are_refused(t5_dir, tmp_path):
     directory, _, _ = t5_dir
     shared = lambda w: {**w, "encoder.embed_tokens.weight": w["shared.weight"] + 1}  # noqa: E731

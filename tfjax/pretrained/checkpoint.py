@@ -304,10 +304,18 @@ def check_options(hf: dict, family: str, unsupported: dict, activations: dict, k
 
 
 def check_head(head: str | None, heads: tuple, family: str) -> None:
-    if head not in heads:
+    """ConversionError for a `head` the family has not (`heads`; (None,): one output layer
+    only, so no head may be named)."""
+    if head in heads:
+        return
+    if heads == (None,):
         raise ConversionError(
-            f"head={head!r}: a {family} checkpoint has heads {', '.join(map(repr, heads))}"
+            f"head={head!r}: a {family} checkpoint has no {head} head, only its one output "
+            "layer (the language model's); convert it without a head (no --head)"
         )
+    raise ConversionError(
+        f"head={head!r}: a {family} checkpoint has the heads {', '.join(map(repr, heads))}"
+    )
 
 
 def norm(path: str, name: str, d: int, *, bias: bool = True) -> list[Entry]:

@@ -170,6 +170,21 @@ TIED = {
 BUFFERS = (r"(en|de)coder\.embed_positions\.weight",)
 
 
+def _check_search(path: pathlib.Path, early, bad_words: list, sample) -> None:
+    """ConversionError naming the generation options tfjax's beam search cannot reproduce
+    (only those: the others are fine)."""
+    causes = [f"early_stopping={early!r}"] if early not in (False, None) else []
+    multi = [words for words in bad_words if len(words) != 1]
+    causes += [f"bad_words_ids with multi-token entries ({multi[:3]})"] if multi else []
+    causes += [f"do_sample={sample!r}"] if sample else []
+    if causes:
+        raise checkpoint.ConversionError(
+            f"{path}: {', '.join(causes)}: tfjax's beam search does not reproduce "
+            f"{'this' if len(causes) == 1 else 'these'} (it does early_stopping=false, "
+            "single-token bad words, no sampling)"
+        )
+
+
 def decoding_options(directory: str | pathlib.Path, hf: dict) -> dict:
     """How `generate` decodes this checkpoint, in tfjax's beam-search options.
 
@@ -187,18 +202,8 @@ def decoding_options(directory: str | pathlib.Path, hf: dict) -> dict:
     path = pathlib.Path(directory) / GENERATION_FILE
     generation = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     get = lambda key, default: generation.get(key, hf.get(key, default))  # noqa: E731
-    early = get("early_stopping", False)
     bad_words = get("bad_words_ids", None) or []
-    if (
-        early not in (False, None)
-        or any(len(words) != 1 for words in bad_words)
-        or get("do_sample", False)
-    ):
-        raise checkpoint.ConversionError(
-            f"{path}: early_stopping={early!r}, bad_words_ids={bad_words} or do_sample are "
-            "options tfjax's beam search does not reproduce (it does early_stopping=false, "
-            "single-token bad words, no sampling)"
-        )
+    _check_search(path, get("early_stopping", False), bad_words, get("do_sample", False))
     eos = get("eos_token_id", 0)
     return {
         "beam_size": int(get("num_beams", 1)),
