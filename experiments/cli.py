@@ -224,10 +224,10 @@ def _with_compilation_cache(entry: Callable) -> Callable:
     @functools.wraps(entry)
     def run(argv, **kwargs):
         options = flags.FLAGS
-        if not options.compilation_cache:
+        if options.compilation_cache:
+            use_compilation_cache(options.compilation_cache_dir or default_cache_dir())
+        else:
             use_compilation_cache(None)
-            return entry(argv, **kwargs)
-        use_compilation_cache(options.compilation_cache_dir or default_cache_dir())
         try:
             return entry(argv, **kwargs)
         finally:
@@ -254,12 +254,12 @@ def use_compilation_cache(directory: str | os.PathLike | None) -> None:
     """
     import jax
 
+    compile_cache.watch(directory)  # JAX's warnings as one line; swapped entries removed
     if directory is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
-    compile_cache.watch(directory)  # JAX's warnings as one line; swapped entries removed
     threshold = float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 0))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", threshold)
 

@@ -50,10 +50,13 @@ class _Watch:
 _STATE = _Watch()
 
 
-def watch(directory: str | os.PathLike) -> None:
+def watch(directory: str | os.PathLike | None) -> None:
     """Removes the entries of `directory` changed since they were written (one warning) and
-    turns JAX's warnings about the cache into `warning:` lines (hooked once per process)."""
-    _STATE.directory = pathlib.Path(directory)
+    turns JAX's warnings about the cache into `warning:` lines (hooked once per process);
+    None: the cache is off, nothing to watch or record."""
+    _STATE.directory = None if directory is None else pathlib.Path(directory)
+    if _STATE.directory is None:
+        return
     if not _STATE.hooked:
         warnings.showwarning = _show_warning(warnings.showwarning)
         _STATE.hooked = True
