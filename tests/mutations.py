@@ -835,7 +835,7 @@ MUTATIONS = [
     ),
     M(
         "seed-summary-pstdev",
-        "experiments/sweep.py",
+        "experiments/sweep_summary.py",
         "statistics.stdev(values) if len(values) > 1 else None",
         "statistics.pstdev(values) if len(values) > 1 else None",
         "tests/test_sweep.py::test_seed_summary_averages_runs_that_differ_only_in_the_seed",
