@@ -11,11 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 from tfjax.training import checkpointing
+from tfjax.training.checkpointing import checksums
 
 # When orbax fails to read one array of a damaged step it abandons the reads of the others. Python
 # then reports those coroutines when they are garbage collected, and tensorstore's late callbacks
@@ -423,3 +425,77 @@ def test_restore_converts_each_step_from_the_layout_it_was_saved_in(tmp_path):
         # Without the hook the transposed kernel does not fit: the step is refused, not garbled.
         with pytest.raises(checkpointing.CheckpointRestoreError, match="step 2"):
             checkpointer.restore(abstract, step=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Not damage: arrays that do not fit the run, a checksum program that fails
+
+
+def _with_params(abstract, **params):
+    return abstract.replace(params={**abstract.params, **params})
+
+
+def test_a_step_of_other_shapes_is_refused_before_any_array_is_read(tmp_path, caplog, monkeypatch):
+    with checkpointing.Checkpointer(tmp_path) as checkpointer:
+        save(checkpointer, 1)
+        save(checkpointer, 2)
+    abstract = jax.eval_shape(lambda: make_state(0))
+    taller = jax.ShapeDtypeStruct((65, 64), jnp.float32)
+    other = _with_params(abstract, dense={**abstract.params["dense"], "kernel": taller})
+    reads, restore = [], ocp.CheckpointManager.restore
+
+    def spy(self, step, args=None, **kwargs):
+        reads.append(set(args.keys()))
+        return restore(self, step, args=args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "restore", spy)
+    checkpointer = checkpointing.Checkpointer(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="tfjax.training.checkpointing"):
+        with pytest.raises(checkpointing.CheckpointMismatchError) as info:
+            checkpointer.restore(other)
+        message = str(info.value)
+        assert "state.params['dense']['kernel']: saved (64, 64), this run (65, 64)" in message
+        assert "step 2" in message and "not damaged" in message and "step 1" not in message
+        assert reads and all("state" not in items for items in reads)  # no array read
+        assert info.value.saved_config == CONFIG and info.value.step == 2
+        extra = _with_params(abstract, new=jax.ShapeDtypeStruct((2,), jnp.float32))
+        with pytest.raises(checkpointing.CheckpointMismatchError, match=r"\['new'\]: not in the"):
+            checkpointer.restore(extra, step=1)
+    assert not caplog.records  # no step was called damaged, and none is hidden
+    assert checkpointer.all_steps() == [1, 2]
+    assert_trees_equal(checkpointer.restore(abstract).state, make_state(2))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int32", "uint8", "bool"])
+def test_the_host_checksum_is_the_compiled_one(dtype):
+    values = jax.random.normal(jax.random.key(3), (3, 5, 7)) * 100
+    for x in (values.astype(dtype), values[0, 0, 0].astype(dtype), values[:0].astype(dtype)):
+        assert checksums.host_checksum(x) == int(checksums.leaf_checksum(x)), x.shape
+
+
+def _failing(leaves):
+    raise AssertionError((1, len(leaves)))  # what an executable of another program raised
+
+
+def _lying(leaves):
+    return [jnp.uint32(7) for _ in leaves]
+
+
+@pytest.mark.parametrize("program", [_failing, _lying], ids=["fails", "lies"])
+def test_a_broken_checksum_program_is_not_damage(tmp_path, caplog, monkeypatch, program):
+    with checkpointing.Checkpointer(tmp_path) as checkpointer:
+        save(checkpointer, 1)
+        save(checkpointer, 2)
+    flip_bit(tmp_path / "1")  # really damaged: the host finds it
+    monkeypatch.setattr(checksums, "_all_checksums", program)
+    checkpointer = checkpointing.Checkpointer(tmp_path)
+    abstract = jax.eval_shape(lambda: make_state(0))
+    with caplog.at_level(logging.WARNING, logger="tfjax.training.checkpointing"):
+        with pytest.raises(checkpointing.VerificationError) as info:
+            checkpointer.restore(abstract)
+        assert not caplog.records  # step 2 is intact: not damaged, no fallback
+        words = ["step 2", "match their saved checksums computed on the host", "compilation cache"]
+        assert all(word in str(info.value) for word in words), str(info.value)
+        with pytest.raises(checkpointing.CheckpointRestoreError, match="checksum mismatch in"):
+            checkpointer.restore(abstract, step=1)
+    assert checkpointer.all_steps() == [2]

@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @jax.jit
@@ -51,8 +52,30 @@ def checksums(tree: Any) -> dict[str, int]:
     return {jax.tree_util.keystr(path): int(s) for (path, _), s in zip(leaves, sums, strict=True)}
 
 
+class ProgramError(RuntimeError):
+    """The compiled checksum program failed or disagrees with the host, while the arrays match
+    their saved checksums computed on the host (or cannot be checked there): the program is at
+    fault (e.g. a damaged compilation cache), not the checkpoint."""
+
+
+def host_checksum(x: Any) -> int:
+    """`leaf_checksum` computed with numpy on the host, from the array's bytes alone (no
+    compiled program): how a mismatch is confirmed before a checkpoint is called damaged."""
+    x = np.ascontiguousarray(jax.device_get(x)).reshape(-1)  # [n]
+    if x.dtype == np.bool_:
+        bits = x.astype(np.uint32)
+    else:  # 8-byte dtypes: two words per element, low word first (as XLA's bitcast)
+        unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint32}[x.dtype.itemsize]
+        bits = x.view(unsigned).astype(np.uint32)
+    weights = (2 * np.arange(bits.size, dtype=np.uint64) + 1).astype(np.uint32)
+    return int(np.sum(bits * weights, dtype=np.uint32))  # wraps modulo 2**32, as on device
+
+
 def verify(tree: Any, saved: dict[str, int]) -> None:
     """Checks the arrays of `tree` against the checksums saved with them.
+
+    A checksum that differs, or a compiled program that fails, is checked again on the host
+    (`host_checksum`): only a difference there means the data changed.
 
     Args:
         tree: the restored state.
@@ -61,15 +84,36 @@ def verify(tree: Any, saved: dict[str, int]) -> None:
     Raises:
         ValueError: naming the leaves if the two cover different leaves, or the first array
             whose bits differ from what was saved.
+        ProgramError: if the compiled checksum program failed or disagrees with the host on
+            arrays that the host finds intact.
     """
-    actual = checksums(tree)
-    if actual.keys() != saved.keys():
+    leaves = {
+        jax.tree_util.keystr(path): x for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
+    if leaves.keys() != saved.keys():
         raise ValueError(
-            f"the state has leaves {sorted(actual)} but the checksums cover {sorted(saved)}"
+            f"the state has leaves {sorted(leaves)} but the checksums cover {sorted(saved)}"
         )
-    for key, value in actual.items():
+    try:
+        actual, failure = checksums(tree), None
+    except Exception as err:  # XLA and JAX raise many types from a broken executable
+        actual, failure = None, err
+    wrong = [key for key in saved if actual is None or actual[key] != saved[key]]
+    addressable = [k for k in wrong if getattr(leaves[k], "is_fully_addressable", True)]
+    for key in addressable:
+        value = host_checksum(leaves[key])
         if value != saved[key]:
             raise ValueError(
                 f"checksum mismatch in state{key} (saved {saved[key]}, read "
                 f"{value}): a data file was altered after saving"
             )
+    if not wrong:
+        return
+    first = str(failure).strip().splitlines()[0][:200] if str(failure).strip() else ""
+    program = f"failed ({type(failure).__name__}: {first})" if failure else "gave other sums"
+    checked = (
+        "the arrays match their saved checksums computed on the host"
+        if len(addressable) == len(wrong)
+        else "the arrays could not all be checked on this host"
+    )
+    raise ProgramError(f"the compiled checksum program {program}, but {checked}")

@@ -21,6 +21,7 @@ from tfjax.training.checkpointing import checksums
 # without it was never finished.
 COMMIT_MARKER = "commit_success.txt"
 JSON_ITEMS = ("rng", "data_state", "config", "checksums")
+STATE_ITEM = "state"  # the train state's item (orbax StandardSave): `<step>/state/`
 # orbax's JsonSave keeps each JSON item in `<step>/<item>/JSON_FILE`; the `config` item's is a
 # copy of the run's config.json (the same JSON, unindented).
 JSON_FILE = "metadata"
@@ -40,7 +41,7 @@ def save_args(state: Any, *, rng: jax.Array, data_state: dict, config: dict) -> 
         "checksums": checksums.checksums(state),
     }
     return ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
+        **{STATE_ITEM: ocp.args.StandardSave(state)},
         **{k: ocp.args.JsonSave(v) for k, v in json_items.items()},
     )
 
@@ -49,7 +50,7 @@ def restore_args(abstract_state: Any) -> ocp.args.Composite:
     """Reads every item of a step, the state placed as `abstract_state`'s shardings say."""
     target = jax.tree.map(_abstract_leaf, abstract_state)
     return ocp.args.Composite(
-        state=ocp.args.StandardRestore(target),
+        **{STATE_ITEM: ocp.args.StandardRestore(target)},
         **{k: ocp.args.JsonRestore() for k in JSON_ITEMS},
     )
 

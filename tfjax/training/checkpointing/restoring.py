@@ -1,10 +1,13 @@
 """Reading checkpoints back: one verified step, newest-first fallback, damaged steps, averaging.
 
 A step is damaged when its orbax commit marker is missing, when orbax cannot read it, or when
-the arrays read back disagree with the checksums written at save time. `restore_first_good`
-warns and falls back to the previous step; the damaged steps are remembered so that `Checkpointer`
-hides them and may later save over their numbers, after `make_room` has renamed them to
-`<step>.corrupt`. Nothing here deletes or rewrites a checkpoint.
+the arrays read back disagree with the checksums written at save time (confirmed on the host).
+A step whose arrays do not fit the run (`CheckpointMismatchError`) or whose checksums could not
+be computed (`VerificationError`) is not damaged: either stops the restore at once, with no
+fallback. For a damaged step `restore_first_good` warns and falls back to the previous step;
+the damaged steps are remembered so that `Checkpointer` hides them and may later save over
+their numbers, after `make_room` has renamed them to `<step>.corrupt`. Nothing here deletes or
+rewrites a checkpoint.
 """
 
 import dataclasses
@@ -100,6 +103,29 @@ class CheckpointRestoreError(errors.CheckpointError, RuntimeError):
     """
 
 
+class CheckpointMismatchError(CheckpointRestoreError):
+    """A step whose arrays do not fit the state restored into: other arrays, or other shapes.
+
+    Found from the step's metadata and checksum keys before any array is read; the step is
+    not damaged, and no older step is tried (they come from the same run).
+
+    Attributes:
+        step: the step.
+        saved_config: the step's `config` item (a dict; None if it is not one).
+        differences: one line per differing array, e.g. "state.params['embed']: saved
+            (14, 32), this run (11, 32)".
+    """
+
+    def __init__(self, message: str, *, step: int, saved_config, differences: list[str]):
+        super().__init__(message)
+        self.step, self.saved_config, self.differences = step, saved_config, differences
+
+
+class VerificationError(errors.UserError, RuntimeError):
+    """A step could not be checked against its checksums for a reason outside the checkpoint:
+    the compiled checksum program failed (`checksums.ProgramError`). Not called damage."""
+
+
 def restore_step(
     manager: ocp.CheckpointManager,
     directory: epath.Path,
@@ -109,25 +135,40 @@ def restore_step(
 ) -> Restored:
     """Restores and verifies one step; raises if anything about it is wrong.
 
-    With `convert`, the step's config and checksums are read first; if `convert(config,
+    The step's config and checksums are read first. With `convert`, if `convert(config,
     checksum keys)` gives a `Conversion`, the state is restored in the saved layout, verified
-    against all its checksums, then converted.
+    against all its checksums, then converted. Before any array is read, the arrays of the
+    target are compared with the step's (`_check_fits`).
+
+    Raises:
+        CheckpointMismatchError: the step's arrays do not fit `abstract_state`.
+        VerificationError: the checksum program failed on arrays the host finds intact.
+        Exception: anything else means the step is damaged (see `restore_first_good`).
     """
-    if not (directory / str(step) / layout.COMMIT_MARKER).exists():
+    step_dir = directory / str(step)
+    if not (step_dir / layout.COMMIT_MARKER).exists():
         raise FileNotFoundError(
-            f"{directory / str(step)} has no {layout.COMMIT_MARKER}: its save never finished"
+            f"{step_dir} has no {layout.COMMIT_MARKER}: its save never finished"
         )
-    _check_json_items(directory / str(step))
-    conversion = None
-    if convert is not None:
-        saved = manager.restore(step, args=layout.config_args(checksums=True))
-        if not isinstance(saved.checksums, dict):
-            raise TypeError(f"item 'checksums' is a {type(saved.checksums).__name__}, not a dict")
-        conversion = convert(saved.config, frozenset(saved.checksums))
+    _check_json_items(step_dir)
+    saved = manager.restore(step, args=layout.config_args(checksums=True))
+    if not isinstance(saved.checksums, dict):
+        raise TypeError(f"item 'checksums' is a {type(saved.checksums).__name__}, not a dict")
+    conversion = None if convert is None else convert(saved.config, frozenset(saved.checksums))
     if conversion is not None:
         abstract_state = jax.eval_shape(conversion.to_saved, abstract_state)
+    _check_fits(step_dir, step, abstract_state, saved)
     items = manager.restore(step, args=layout.restore_args(abstract_state))
-    checksums.verify(items.state, items.checksums)
+    try:
+        checksums.verify(items.state, items.checksums)
+    except checksums.ProgramError as err:
+        raise VerificationError(
+            f"could not check checkpoint step {step} in {directory} against its checksums: "
+            f"{err}. Its files are not known to be damaged: a compilation cache whose entries "
+            "were altered or swapped makes the program fail; rerun with --nocompilation_cache, "
+            "or delete the cache directory (--compilation_cache_dir, by default "
+            "~/.cache/tfjax/jax)"
+        ) from err
     for name in ("data_state", "config"):
         if not isinstance(items[name], dict):
             raise TypeError(f"item {name!r} is a {type(items[name]).__name__}, not a dict")
@@ -138,6 +179,69 @@ def restore_step(
         data_state=items.data_state,
         config=items.config,
     )
+
+
+def _check_fits(step_dir: epath.Path, step: int, target: Any, saved) -> None:
+    """Raises CheckpointMismatchError if the arrays of `target` are not those of the step (its
+    checksums' keys) or have other shapes (its metadata), before orbax reads any array: a
+    read of arrays of another shape fails only after starting every read, which then fail
+    again in the background."""
+    leaves = jax.tree_util.tree_flatten_with_path(target)[0]
+    expected = {jax.tree_util.keystr(path) for path, _ in leaves}
+    differences = [
+        f"state{key}: not in the checkpoint" for key in sorted(expected - saved.checksums.keys())
+    ]
+    differences += [
+        f"state{key}: not in this run" for key in sorted(saved.checksums.keys() - expected)
+    ]
+    shapes = _saved_shapes(step_dir / layout.STATE_ITEM)
+    for path, leaf in leaves:
+        shape = shapes.get(_names(path))
+        if shape is not None and shape != tuple(leaf.shape):
+            key = jax.tree_util.keystr(path)
+            differences.append(f"state{key}: saved {shape}, this run {tuple(leaf.shape)}")
+    if not differences:
+        return
+    shown = "; ".join(differences[:3]) + (
+        f"; {len(differences) - 3} more" if len(differences) > 3 else ""
+    )
+    raise CheckpointMismatchError(
+        f"checkpoint step {step} in {step_dir.parent} does not fit the state this run restores "
+        f"({shown}). Its arrays were not read and are not damaged: they were written by a run "
+        "with other model or optimizer settings, or another tokenizer; rerun with those, or "
+        "pick another --workdir",
+        step=step,
+        saved_config=saved.config if isinstance(saved.config, dict) else None,
+        differences=differences,
+    )
+
+
+def _saved_shapes(state_dir: epath.Path) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """{key names: shape} of the arrays a step's state item holds, from its metadata alone;
+    {} if the metadata cannot be read (the restore then reports the damage)."""
+    handler = ocp.StandardCheckpointHandler()
+    try:
+        metadata = handler.metadata(state_dir)
+        leaves = jax.tree_util.tree_flatten_with_path(metadata)[0]
+    except Exception:  # a damaged step: the restore names what is wrong with it
+        return {}
+    finally:
+        handler.close()
+    return {_names(path): tuple(leaf.shape) for path, leaf in leaves if hasattr(leaf, "shape")}
+
+
+def _names(path) -> tuple[str, ...]:
+    """A key path as plain names: orbax's metadata keeps a state's attributes and named tuple
+    fields as dict keys, so `.opt_state[0].count` and `['opt_state'][0]['count']` match."""
+    names = []
+    for entry in path:
+        for field in ("key", "idx", "name"):  # DictKey / FlattenedIndexKey, SequenceKey, GetAttrKey
+            if hasattr(entry, field):
+                names.append(str(getattr(entry, field)))
+                break
+        else:
+            names.append(str(entry))
+    return tuple(names)
 
 
 def _check_json_items(step_dir: epath.Path) -> None:
@@ -184,6 +288,8 @@ def restore_first_good(
     for candidate in candidates:
         try:
             return restore_step(manager, directory, candidate, abstract_state, convert)
+        except (CheckpointMismatchError, VerificationError):
+            raise  # not damage: every step would fail alike
         except Exception as e:  # orbax and tensorstore raise many types; any means unusable
             failures.append(f"step {candidate}: {_reason(e)}")
             damaged.add(candidate)
@@ -275,10 +381,8 @@ def _move_aside(directory: epath.Path, step: int) -> None:
 
 def _restore_error(directory: epath.Path, failures: list[str]) -> CheckpointRestoreError:
     return CheckpointRestoreError(
-        f"no checkpoint in {directory} could be restored (tried {'; '.join(failures)}). If the "
-        "model or optimizer settings changed since these were written, rerun with the original "
-        "settings or pick another --workdir; otherwise the files are damaged: move them away "
-        "to start afresh."
+        f"no checkpoint in {directory} could be restored (tried {'; '.join(failures)}): their "
+        "files are damaged or incomplete; move them away to start afresh."
     )
 
 
