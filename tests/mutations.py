@@ -1219,6 +1219,20 @@ MUTATIONS = [
     ),
     # --- The workdir's tokenizer, and checkpoints that do not fit ----------------------------
     M(
+        "tokenizer-digest-not-checked",
+        "tfjax/runs/build.py",
+        "provenance.recorded_sha256(workdir, config.data.tokenizer) if trained else None",
+        "None",
+        "tests/test_bad_input.py::test_another_tokenizer_is_refused_naming_both_digests",
+    ),
+    M(
+        "missing-tokenizer-rebuilt",
+        "tfjax/data/datasets.py",
+        "trained=trained and save_tokenizer,",
+        "trained=False,",
+        "tests/test_bad_input.py::test_a_missing_tokenizer_is_refused_never_rebuilt",
+    ),
+    M(
         "checkpoint-mismatch-called-damage",
         "tfjax/training/checkpointing/restoring.py",
         "        except (CheckpointMismatchError, VerificationError):\n            raise",

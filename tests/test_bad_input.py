@@ -12,6 +12,7 @@ import functools
 import gc
 import hashlib
 import io
+import json
 import logging
 import os
 import pathlib
@@ -34,7 +35,7 @@ from experiments import cli, config_utils, convert, evaluate, generate, translat
 from tfjax import errors
 from tfjax.runs import build, lock, trainer, workdir
 from tfjax.training import checkpointing
-from tfjax.training.checkpointing import restoring
+from tfjax.training.checkpointing import checksums, restoring
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--config=configs/base.py:tiny", *(f"--config.{o}" for o in REVERSE)]
@@ -470,3 +471,141 @@ def test_translate_command_on_a_damaged_checkpoint(trained, tmp_path):
     before = err.strip().splitlines()[:-1]  # the console's log: time and message, or warnings
     assert all(re.match(r"\d\d:\d\d:\d\d |warning: ", line) for line in before), err
     assert err.strip().splitlines()[-1] == line
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. The workdir's tokenizer: damaged, missing, another one (one line naming the file, whatever
+# reads it; never rebuilt; a tokenizer of another size is a mismatch, not damaged checkpoints)
+
+TOKENIZER_DAMAGES = {
+    "random": lambda data: bytes(range(256)) * 2,
+    "cut in half": lambda data: data[: len(data) // 2],
+    "empty": lambda data: b"",
+    "not UTF-8": lambda data: data.replace(b"s1", b"s\xe91"),  # a Latin-1 byte
+    "no words": lambda data: b'{"format": "tfjax.WordTokenizer/1"}',
+}
+RESUME = [*REVERSE, "train.num_train_steps=4"]
+
+
+def _every_reader(tool, path: pathlib.Path, capsys, *words: str) -> list[str]:
+    """The error line of translate, evaluate and a resumed train on `path` (each checked to
+    be one line holding `words`), and that none of them changed a file."""
+    before = _digest(path)
+    lines = [
+        _one_error(*tool(module, f"--workdir={path}")[::2], *words)
+        for module in (translate, evaluate)
+    ]
+    config = config_utils.load_config("configs/base.py:tiny", RESUME)
+    with pytest.raises(errors.UserError) as info:
+        trainer.train_and_evaluate(config, path)
+    lines.append(_one_error(cli.report(info.value), capsys.readouterr().err, *words))
+    assert _digest(path) == before
+    return lines
+
+
+def _recorded(path: pathlib.Path) -> str:
+    """The SHA-256 config.json records for the workdir's tokenizer.json."""
+    return json.loads((path / "config.json").read_text())["tokenizer_sha256"]["tokenizer.json"]
+
+
+@pytest.mark.parametrize("damage", list(TOKENIZER_DAMAGES))
+def test_a_damaged_tokenizer_is_one_line_naming_it(trained, tool, tmp_path, capsys, damage):
+    path = _copy(trained, tmp_path)
+    file = path / "tokenizer.json"
+    file.write_bytes(TOKENIZER_DAMAGES[damage](file.read_bytes()))
+    words = (f"{file} is not a saved WordTokenizer", "put the original back", _recorded(path))
+    for line in _every_reader(tool, path, capsys, *words):
+        assert "checkpoint step" not in line and "could be restored" not in line
+
+
+def test_a_missing_tokenizer_is_refused_never_rebuilt(trained, tool, tmp_path, capsys):
+    path = _copy(trained, tmp_path)
+    (path / "tokenizer.json").unlink()
+    words = (
+        f"{path / 'tokenizer.json'} is missing, but the checkpoints in {path} were trained",
+        f"SHA-256 {_recorded(path)}",  # what was expected
+    )
+    _every_reader(tool, path, capsys, *words)
+    assert not (path / "tokenizer.json").exists()
+
+
+def test_another_tokenizer_is_refused_naming_both_digests(trained, tool, tmp_path, capsys):
+    path = _copy(trained, tmp_path)
+    file = path / "tokenizer.json"
+    payload = json.loads(file.read_text())
+    payload["words"][4], payload["words"][5] = payload["words"][5], payload["words"][4]
+    file.write_text(json.dumps(payload))  # the same size, other ids: only the digest tells
+    actual = hashlib.sha256(file.read_bytes()).hexdigest()
+    words = (f"{file} is not the tokenizer", f"SHA-256 is {actual}", f"records {_recorded(path)}")
+    _every_reader(tool, path, capsys, *words)
+
+
+def _older_workdir(path: pathlib.Path) -> None:
+    """Makes `path` a workdir from before the tokenizer's digest was recorded."""
+    tree = json.loads((path / "config.json").read_text())
+    tree.pop("tokenizer_sha256", None)
+    (path / "config.json").write_text(json.dumps(tree, indent=2))
+
+
+def test_a_smaller_tokenizer_is_a_mismatch_not_damaged_checkpoints(trained, tool, tmp_path, capsys):
+    path = _copy(trained, tmp_path)
+    _older_workdir(path)  # nothing recorded to compare it with: the shapes tell
+    file = path / "tokenizer.json"
+    payload = json.loads(file.read_text())
+    file.write_text(json.dumps({**payload, "words": payload["words"][:-3]}))
+    words = (f"{file} (11 tokens) disagrees with them", "saved (14, 32), this run (11, 32)")
+    for line in _every_reader(tool, path, capsys, *words, "not damaged"):
+        assert "move them away" not in line and "could be restored" not in line
+
+
+def test_an_older_workdir_is_taken_and_recorded_by_the_next_run(
+    trained, tool, tmp_path, monkeypatch
+):
+    path = _copy(trained, tmp_path)
+    _older_workdir(path)
+    status, _, err = tool(translate, f"--workdir={path}", "--beam_size=1", stdin=b"s1\n")
+    assert status == 0 and "error" not in err, err
+    monkeypatch.setattr(trainer._Loop, "train", _stop)  # config.json is written before it
+    with pytest.raises(_Stop):
+        trainer.train_and_evaluate(config_utils.load_config("configs/base.py:tiny", RESUME), path)
+    assert _recorded(path) == hashlib.sha256((path / "tokenizer.json").read_bytes()).hexdigest()
+
+
+def test_a_failing_checksum_program_is_not_called_damage(trained, tool, tmp_path, monkeypatch):
+    # What a compilation cache whose entries were swapped does (the real one: the slow test).
+    path = _copy(trained, tmp_path)
+    before = _digest(path)
+
+    def swapped(leaves):
+        raise AssertionError((1, len(leaves)))
+
+    monkeypatch.setattr(checksums, "_all_checksums", swapped)
+    for module in (translate, evaluate):
+        status, _, err = tool(module, f"--workdir={path}")
+        words = (
+            "could not check checkpoint step 2",
+            "--nocompilation_cache",
+            "not known to be damaged",
+        )
+        _one_error(status, err, *words)
+        assert "warning" not in err and "move them away" not in err, err
+    assert _digest(path) == before
+
+
+@pytest.mark.slow
+def test_translate_command_with_a_swapped_compilation_cache(trained, tmp_path):
+    cache = tmp_path / "cache"
+    first = _command(
+        "translate", f"--workdir={trained}", f"--compilation_cache_dir={cache}", stdin=b"s1\n"
+    )
+    assert first.returncode == 0, first.stderr.decode()
+    entries = sorted(p for p in cache.iterdir() if not p.name.endswith("-atime"))
+    contents = [p.read_bytes() for p in entries]
+    for entry, content in zip(entries, contents[1:] + contents[:1], strict=True):
+        entry.write_bytes(content)  # every entry holds another program
+    done = _command(
+        "translate", f"--workdir={trained}", f"--compilation_cache_dir={cache}", stdin=b"s1\n"
+    )
+    err = done.stderr.decode()
+    _one_error(done.returncode, err, "compilation cache", "not known to be damaged")
+    assert "damaged checkpoint" not in err and "move them away" not in err

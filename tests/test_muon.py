@@ -254,7 +254,8 @@ def _write_former_muon_workdir(tmp_path, state_class=_FormerMuonState):
     old = restored.state.replace(opt_state=opt_state)
     workdir = tmp_path / "old"
     workdir.mkdir()
-    shutil.copy(tmp_path / "new" / "config.json", workdir / "config.json")
+    for name in ("config.json", "tokenizer.json"):  # a workdir's tokenizer is never rebuilt
+        shutil.copy(tmp_path / "new" / name, workdir / name)
     with checkpointing.Checkpointer(workdir / "checkpoints") as checkpointer:
         checkpointer.save(
             restored.step,
@@ -313,5 +314,6 @@ def test_an_unknown_optimizer_layout_still_stops_with_the_one_line_error(tmp_pat
     message = str(raised.value)
     assert "\n" not in message
     assert isinstance(raised.value, checkpointing.CheckpointMismatchError)  # not damage
+    assert "do not fit this run (step 2: state.opt_state" in message
     assert "not in the checkpoint" in message and "not damaged" in message
     assert (workdir / "checkpoints" / "2").is_dir()  # left as it was

@@ -19,6 +19,7 @@ import tiny_runs
 from tiny_runs import REVERSE
 
 from experiments import config_utils
+from tfjax import errors
 from tfjax.data import datasets, tokenizers
 from tfjax.inference import decoding
 from tfjax.runs import evaluator, trainer, workdir
@@ -503,6 +504,43 @@ def test_a_workdir_whose_data_is_gone_still_translates(data_gone):
     finally:
         train.unlink()
     assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == saved
+
+
+def _damage_tokenizer(path: pathlib.Path, damage: str) -> pathlib.Path:
+    """Damages, deletes or replaces the workdir's tokenizer file; returns it."""
+    (file,) = path.glob("tokenizer.*")
+    if damage == "missing":
+        file.unlink()
+    elif damage == "empty":
+        file.write_bytes(b"")
+    else:  # another SentencePiece model, of another corpus
+        other = tokenizers.SentencePieceTokenizer.build(["x y z w"] * 9, vocab_size=12)
+        other.save(file)
+    return file
+
+
+@pytest.mark.parametrize(
+    "name, damage, words",
+    [
+        ("lm_char", "missing", ["is missing, but the checkpoints in"]),
+        ("seq2seq_spm", "empty", ["is not a SentencePiece model: an empty", "put the original"]),
+        ("classify_spm", "another", ["is not the tokenizer the checkpoints in", "records"]),
+    ],
+)
+def test_each_command_refuses_a_tokenizer_missing_damaged_or_another(
+    trained, tmp_path, name, damage, words
+):
+    path = tmp_path / name
+    shutil.copytree(trained(name), path)
+    recorded = json.loads((path / "config.json").read_text())["tokenizer_sha256"]
+    file = _damage_tokenizer(path, damage)
+    words = [str(file), *words, recorded[file.name]]
+    # translate and generate open the workdir with `load`, evaluate with `evaluate_workdir`
+    for call in (lambda: workdir.load(path), lambda: evaluator.evaluate_workdir(path)):
+        with pytest.raises(errors.UserError) as info:  # one `error:` line from the commands
+            call()
+        assert "\n" not in str(info.value) and all(w in str(info.value) for w in words), words
+    assert not (path / "eval.json").exists() and (damage == "missing") != file.exists()
 
 
 # ---------------------------------------------------------------------------------------------

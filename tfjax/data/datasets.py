@@ -32,14 +32,14 @@ from typing import NamedTuple
 import numpy as np
 
 from tfjax import errors
-from tfjax.data import packing, pipeline, pretrained_tokenizer, registry, tasks, tokenizers
+from tfjax.data import packing, pipeline, registry, tasks, tokenizers, workdir_tokenizer
 
 logger = logging.getLogger(__name__)
 
 TOKENIZERS = ("word", "char", "sentencepiece", "pretrained")
-TOKENIZER_FILE = "tokenizer.json"  # word and char vocabularies
-SENTENCEPIECE_FILE = "tokenizer.model"
-DIRECTORY = pretrained_tokenizer.DIRECTORY  # a pretrained checkpoint's tokenizer files
+TOKENIZER_FILE = workdir_tokenizer.TOKENIZER_FILE  # word and char vocabularies
+SENTENCEPIECE_FILE = workdir_tokenizer.SENTENCEPIECE_FILE
+DIRECTORY = workdir_tokenizer.DIRECTORY  # a pretrained checkpoint's tokenizer files
 # The example format each model kind trains on (`registry.FORMATS`).
 MODEL_FORMATS = {"encoder_decoder": "seq2seq", "decoder_only": "lm", "encoder_only": "classify"}
 MLM = "mlm"  # the format of encoder_only models with the masked-LM head; read as "lm" text
@@ -59,7 +59,7 @@ class DataConfig:
       hub_name, hub_config: Hugging Face dataset and configuration ("wmt14", "de-en").
       tokenizer: "word", "char" or "sentencepiece" (joint over source and target), or
         "pretrained": the checkpoint's own tokenizer, which `experiments.convert` saved in the
-        workdir (`pretrained_tokenizer.DIRECTORY`); it is never built from the data.
+        workdir (`workdir_tokenizer.DIRECTORY`); it is never built from the data.
       vocab_size: SentencePiece vocabulary size, specials included.
       spm_model_type: SentencePiece "bpe" or "unigram".
       scan_split: SCAN split ("simple", "length", "addprim_jump").
@@ -290,39 +290,11 @@ def _tokenizer_texts(raw, fmt: str) -> list[str]:
     return texts
 
 
-_TOKENIZER_KINDS = {
-    "word": tokenizers.WordTokenizer,
-    "char": tokenizers.CharTokenizer,
-    "sentencepiece": tokenizers.SentencePieceTokenizer,
-    "pretrained": tokenizers.PretrainedTokenizer,
-}
-
-
-def _tokenizer_file(cfg: DataConfig) -> str:
-    """Where in the workdir the tokenizer of `data.tokenizer` is saved (a directory for
-    "pretrained")."""
-    return {"pretrained": DIRECTORY, "sentencepiece": SENTENCEPIECE_FILE}.get(
-        cfg.tokenizer, TOKENIZER_FILE
-    )
-
-
-def _saved_tokenizer(cfg: DataConfig, workdir) -> tokenizers.Tokenizer | None:
-    """The tokenizer saved in `workdir`, or None if it holds none (or there is no workdir)."""
-    if workdir is None:
-        return None
-    path = pathlib.Path(workdir) / _tokenizer_file(cfg)
-    present = path.is_dir() if cfg.tokenizer == "pretrained" else path.exists()
-    return _TOKENIZER_KINDS[cfg.tokenizer].load(path) if present else None
-
-
-def _tokenizer(
+def _new_tokenizer(
     cfg: DataConfig, texts: list[str], workdir, save: bool, mask: bool = False
 ) -> tokenizers.Tokenizer:
-    """The workdir's saved tokenizer, or a new one built from `texts` (and saved if `save`);
-    `mask`: a new one gets a mask token (masked-LM runs)."""
-    saved = _saved_tokenizer(cfg, workdir)
-    if saved is not None:
-        return saved
+    """A tokenizer built from `texts` (saved in `workdir` if `save`); `mask`: with a mask
+    token (masked-LM runs)."""
     if cfg.tokenizer == "pretrained":
         directory = None if workdir is None else pathlib.Path(workdir) / DIRECTORY
         raise errors.ConfigError(
@@ -330,10 +302,8 @@ def _tokenizer(
             f"{directory or 'the workdir'}, which has none: make the workdir with python -m "
             "experiments.convert, or start from one with --config.train.init_from=WORKDIR"
         )
-    spm = cfg.tokenizer == "sentencepiece"
-    kind = _TOKENIZER_KINDS[cfg.tokenizer]
-    path = None if workdir is None else pathlib.Path(workdir) / _tokenizer_file(cfg)
-    if spm:
+    kind = workdir_tokenizer.KINDS[cfg.tokenizer]
+    if cfg.tokenizer == "sentencepiece":
         tokenizer = kind.build(
             texts, vocab_size=cfg.vocab_size, model_type=cfg.spm_model_type, mask=mask
         )
@@ -341,7 +311,8 @@ def _tokenizer(
         tokenizer = kind.build(["\n".join(texts)], mask=mask)
     else:
         tokenizer = kind.build(texts, mask=mask)
-    if path is not None and save:
+    if workdir is not None and save:
+        path = workdir_tokenizer.path(cfg.tokenizer, workdir)
         path.parent.mkdir(parents=True, exist_ok=True)
         tokenizer.save(path)
     return tokenizer
@@ -428,12 +399,17 @@ def load(
     workdir: str | os.PathLike | None = None,
     save_tokenizer: bool = True,
     encoder_head: str = "classify",
+    trained: bool = False,
+    tokenizer_sha256: str | None = None,
 ) -> Examples:
     """Tokenized train and eval examples for `model_kind` (and `encoder_head`: "mlm" reads
     text, see the module docstring); the tokenizer lives in `workdir`.
 
     `save_tokenizer=False` reads the workdir's tokenizer if it is there but never writes one
-    (the other processes of a multi-process run: process 0 writes it).
+    (the other processes of a multi-process run: process 0 writes it). `trained`: the
+    workdir holds checkpoints trained with its tokenizer, which must then be there (it is never
+    built again); `tokenizer_sha256`, the SHA-256 the workdir recorded for it, is checked
+    (`workdir_tokenizer.load`).
 
     With the tokenizer saved in `workdir` nothing is read here: each split is read and encoded
     when first used (`Examples.deferred`), so that opening a trained workdir to decode costs no
@@ -443,10 +419,19 @@ def load(
       ValueError: for data that cannot train `model_kind`, an empty split, or no example that
         fits the length limits (and the errors of the source's reader for bad files); with a
         saved tokenizer, the split's errors come when it is first used.
+      tfjax.errors.DataError: for a damaged tokenizer in `workdir`, a missing one when
+        `trained`, or one that is not the recorded one.
     """
     source = registry.get(cfg.name)
     fmt = _format(source, model_kind, encoder_head)
-    saved = _saved_tokenizer(cfg, workdir)
+    saved = None
+    if workdir is not None:
+        saved = workdir_tokenizer.load(
+            cfg.tokenizer,
+            workdir,
+            trained=trained and save_tokenizer,  # the other processes may build it (see above)
+            expected_sha256=tokenizer_sha256,
+        )
     if saved is not None:
         logger.info("data %s: the workdir's tokenizer, vocabulary %d", cfg.name, saved.vocab_size)
         return Examples.deferred(
@@ -458,7 +443,7 @@ def load(
     raw_train = _read(source, cfg, fmt, seed, "train")
     raw_eval = _read(source, cfg, fmt, seed, cfg.eval_split)
     texts = _tokenizer_texts(raw_train, fmt)
-    tokenizer = _tokenizer(cfg, texts, workdir, save_tokenizer, mask=fmt == MLM)
+    tokenizer = _new_tokenizer(cfg, texts, workdir, save_tokenizer, mask=fmt == MLM)
     train = _train_examples(raw_train, fmt, tokenizer, cfg, seed)
     held_out = _encode_held_out(raw_eval, fmt, tokenizer, cfg)
     if not train or not held_out.examples:
@@ -496,6 +481,17 @@ def _load_train(source, cfg: DataConfig, fmt: str, tokenizer, seed: int) -> list
     if not train:
         raise _none_fit(cfg, "no train example fits")
     logger.info("data %s: %d train examples", cfg.name, len(train))
+    if cfg.tokenizer != "pretrained":  # built from this split: it knew every token of it
+        unknown = workdir_tokenizer.unknown_tokens(train, tokenizer.unk_id)
+        if unknown:
+            logger.warning(
+                "data %s: %d tokens of the training split are not in the workdir's tokenizer "
+                "(%s) and are read as <unk>: the data changed since the tokenizer was built "
+                "from it (new words or characters); train in a new workdir to learn them",
+                cfg.name,
+                unknown,
+                workdir_tokenizer.name(cfg.tokenizer),
+            )
     return train
 
 

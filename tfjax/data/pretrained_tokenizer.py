@@ -35,8 +35,10 @@ def _auto_tokenizer(path: pathlib.Path):
         ) from err
     try:
         return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError, TypeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    except Exception as err:  # a damaged file raises anything from KeyError to AttributeError
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        if not isinstance(err, (OSError, ValueError)) or not first:
+            first = f"{type(err).__name__}: {first}".rstrip(": ")
         raise errors.DataError(f"no usable Hugging Face tokenizer in {path}: {first}") from err
 
 

@@ -193,19 +193,31 @@ class WordTokenizer:
 
         Raises:
             FileNotFoundError: if `path` does not exist.
-            ValueError: if the file is not a saved WordTokenizer.
+            tfjax.errors.DataError: (a ValueError) naming `path`, if the file is not a saved
+                vocabulary: empty, not UTF-8 JSON, another format, no list of words, or words
+                that do not start with the specials.
         """
         path = pathlib.Path(path)
         if not path.is_file():
             raise FileNotFoundError(
                 f"No tokenizer file at {path}: build one with {cls.__name__}.build and save it."
             )
-        payload = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as err:  # json.JSONDecodeError or UnicodeDecodeError
+            what = "empty" if not path.stat().st_size else f"not JSON text ({err})"
+            raise errors.DataError(f"{path} is not a saved {cls.__name__}: {what}") from err
         if not isinstance(payload, dict) or payload.get("format") != cls._format:
             raise errors.DataError(
                 f"{path} is not a saved {cls.__name__} (expected format {cls._format})."
             )
-        return cls(payload["words"])
+        words = payload.get("words")
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise errors.DataError(f"{path} is not a saved {cls.__name__}: no list of words")
+        try:
+            return cls(words)
+        except ValueError as err:
+            raise errors.DataError(f"{path} is not a saved {cls.__name__}: {err}") from err
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
@@ -264,11 +276,14 @@ class SentencePieceTokenizer:
         """Wraps a serialised SentencePiece model.
 
         Raises:
-            ValueError: if the model's special ids are not this module's.
+            tfjax.errors.DataError: (a ValueError) for an empty model, or special ids that are
+                not this module's.
         """
         import sentencepiece
 
         self._proto = bytes(model_proto)
+        if not self._proto:  # sentencepiece would load it, log errors, then fail on every call
+            raise errors.DataError("an empty SentencePiece model has no pieces")
         self._sp = sentencepiece.SentencePieceProcessor(model_proto=self._proto)
         specials = (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id(), self._sp.unk_id())
         mask_id = self._sp.piece_to_id(MASK_TOKEN)
@@ -374,7 +389,8 @@ class SentencePieceTokenizer:
 
         Raises:
             FileNotFoundError: if `path` does not exist.
-            ValueError: if the file is not a SentencePiece model with this module's ids.
+            tfjax.errors.DataError: (a ValueError) naming `path`, if the file is not a
+                SentencePiece model with this module's ids (empty, cut short, other bytes).
         """
         path = pathlib.Path(path)
         if not path.is_file():
@@ -384,8 +400,9 @@ class SentencePieceTokenizer:
             )
         try:
             return cls(path.read_bytes())
-        except RuntimeError as err:
-            raise errors.DataError(f"{path} is not a SentencePiece model: {err}") from err
+        except (RuntimeError, IndexError, errors.DataError) as err:
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise errors.DataError(f"{path} is not a SentencePiece model: {reason}") from err
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SentencePieceTokenizer):

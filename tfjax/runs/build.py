@@ -29,6 +29,7 @@ from tfjax.inference import decoding
 from tfjax.models import partitioning
 from tfjax.nn import stacking
 from tfjax.parallel import distributed, layout, strategies
+from tfjax.runs import provenance
 from tfjax.training import checkpointing, mlm, muon, optim, profiling, steps
 
 
@@ -116,7 +117,15 @@ def load_config_json(path: str | os.PathLike) -> ml_collections.ConfigDict:
         raise errors.ConfigError(f"{path} is not valid JSON: {err}; {_repair(path)}") from err
     if not isinstance(tree, dict):
         raise errors.ConfigError(f"{path} is not a JSON object of config groups; {_repair(path)}")
+    tree.pop(provenance.TOKENIZER_RECORD, None)  # the workdir's tokenizer, not a setting
     return load_config_dict(tree)
+
+
+def write_config_json(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
+    """Writes `workdir/config.json`: the resolved config, and the SHA-256 of the workdir's
+    tokenizer that later commands check it against (`provenance.TOKENIZER_RECORD`)."""
+    tree = provenance.with_record(config_dict(config), config.data.tokenizer, workdir)
+    (workdir / "config.json").write_text(json.dumps(tree, indent=2))
 
 
 def saved_steps(workdir: str | os.PathLike) -> list[int]:
@@ -315,7 +324,10 @@ def load_examples(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> d
 
     The other processes of a multi-process run wait for it, then read the saved one (a shared
     workdir) or build the same one from the same data (a workdir on each host's own disk).
+    Once the workdir holds checkpoints, its tokenizer is theirs: it must be there, is never
+    built again, and must have the SHA-256 config.json records (`provenance`).
     """
+    trained = bool(saved_steps(workdir))
     load = functools.partial(
         datasets.load,
         datasets.DataConfig(**config.data),
@@ -323,6 +335,10 @@ def load_examples(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> d
         seed=config.seed,
         workdir=workdir,
         encoder_head=config.model.encoder_head,
+        trained=trained,
+        tokenizer_sha256=(
+            provenance.recorded_sha256(workdir, config.data.tokenizer) if trained else None
+        ),
     )
     chief = jax.process_index() == 0
     examples = load() if chief else None
@@ -510,21 +526,54 @@ def restore(
     workdir = pathlib.Path(workdir)
     if average_last > 1 and step is not None:
         raise ValueError("average the last checkpoints or restore one step, not both")
+    if not saved_steps(workdir):  # before the build: nothing to read the tokenizer for
+        raise _no_checkpoint(workdir)
     config = copy.deepcopy(config)
     config.parallel.mode, config.parallel.fsdp = "pmap", 1  # the run's strategy goes unused
     config.parallel.tensor = 1
     run = build(config, workdir)
     convert = layout_conversion(run.model_config)
-    with checkpointing.Checkpointer(workdir / "checkpoints") as checkpointer:
-        if average_last > 1 and checkpointer.all_steps():
-            restored = checkpointer.restore_average(
-                run.abstract_state, last=average_last, convert=convert
-            )
-        else:
-            restored = checkpointer.restore(run.abstract_state, step=step, convert=convert)
+    try:
+        with checkpointing.Checkpointer(workdir / "checkpoints") as checkpointer:
+            if average_last > 1 and checkpointer.all_steps():
+                restored = checkpointer.restore_average(
+                    run.abstract_state, last=average_last, convert=convert
+                )
+            else:
+                restored = checkpointer.restore(run.abstract_state, step=step, convert=convert)
+    except checkpointing.CheckpointMismatchError as err:
+        raise explain_mismatch(err, run, workdir, config_file=True) from err
     if restored is None:
-        raise NoCheckpointError(
-            f"no checkpoint in {workdir / 'checkpoints'}: train first with "
-            f"python -m experiments.train --workdir={workdir}"
-        )
+        raise _no_checkpoint(workdir)
     return run, restored
+
+
+def _no_checkpoint(workdir: pathlib.Path) -> NoCheckpointError:
+    return NoCheckpointError(
+        f"no checkpoint in {workdir / 'checkpoints'}: train first with "
+        f"python -m experiments.train --workdir={workdir}"
+    )
+
+
+def explain_mismatch(
+    error: checkpointing.CheckpointMismatchError,
+    run: Run,
+    workdir: pathlib.Path,
+    *,
+    config_file: bool,
+) -> errors.CheckpointError:
+    """`provenance.explain_mismatch` for `run`: names the config keys or the tokenizer file
+    that disagree with the checkpoints (`config_file`: the run's config is config.json)."""
+    try:  # today's fields filled in, as for `current`
+        saved = config_dict(load_config_dict(error.saved_config))
+    except Exception:  # not a run's config (None, or another layout): compare nothing
+        saved = None
+    return provenance.explain_mismatch(
+        error,
+        saved=saved,
+        current=config_dict(run.config),
+        workdir=workdir,
+        vocab_size=run.model_config.vocab_size,
+        config_file=config_file,
+        ignore=LAYOUT_KEYS,
+    )

@@ -115,7 +115,7 @@ def convert(
     _write_decoding(hf_dir, workdir)
     run = build.build(config, workdir)
     _save_step0(run, workdir, params)
-    (workdir / "config.json").write_text(json.dumps(build.config_dict(config), indent=2))
+    build.write_config_json(workdir, config)
     return config
 
 

@@ -44,11 +44,19 @@ from tfjax.training import checkpointing, host, logger, mlm, profiling, steps, s
 log = logging.getLogger(__name__)
 
 
-def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path):
-    """(state, dropout rng, start step): restored from the workdir, or freshly initialised."""
-    init_rng, dropout_rng = jax.random.split(jax.random.key(run.config.seed))
-    current = build.config_dict(run.config)
-    for saved in checkpointer.saved_configs()[:1]:
+def _check_settings(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+    """Refuses a run whose model or data settings differ from those of the workdir's newest
+    checkpoint (the copy of its config each keeps), before anything is built: a changed
+    `data.tokenizer` is then named as such, not as a missing or damaged tokenizer."""
+    current = build.config_dict(config)
+    for step in reversed(build.saved_steps(workdir)):
+        copy = workdir / "checkpoints" / str(step) / checkpointing.CONFIG_COPY
+        try:
+            saved = json.loads(copy.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # a damaged step: the restore reports it
+            continue
+        if not isinstance(saved, dict):
+            continue
         for section in ("model", "data"):
             checkpointing.check_compatible(
                 saved,
@@ -57,10 +65,19 @@ def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path
                 ignore=build.LAYOUT_KEYS,
                 defaults=build.SECTION_DEFAULTS[section],
             )
-    restored = checkpointer.restore(
-        run.strategy.restore_target(run.abstract_state),
-        convert=build.layout_conversion(run.model_config),
-    )
+        return
+
+
+def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path):
+    """(state, dropout rng, start step): restored from the workdir, or freshly initialised."""
+    init_rng, dropout_rng = jax.random.split(jax.random.key(run.config.seed))
+    try:
+        restored = checkpointer.restore(
+            run.strategy.restore_target(run.abstract_state),
+            convert=build.layout_conversion(run.model_config),
+        )
+    except checkpointing.CheckpointMismatchError as err:
+        raise build.explain_mismatch(err, run, workdir, config_file=False) from err
     if restored is None and run.config.train.init_from:
         params = jax.tree.map(jnp.asarray, pretrained.initial_params(run.config, run))
         log.info("starting from the parameters of %s", run.config.train.init_from)
@@ -396,6 +413,7 @@ def make_workdir(workdir: pathlib.Path) -> pathlib.Path:
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path, preemption):
     chief = jax.process_index() == 0
     _check_config_json(workdir)
+    _check_settings(config, workdir)  # before the tokenizer is read for them
     if config.train.init_from and chief:  # the tokenizer of a pretrained model, before `build`
         pretrained.prepare_workdir(config, workdir)
     run = build.build(config, workdir)
@@ -415,8 +433,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
             log.info(
                 "metrics.jsonl: dropped %d records after step %d (logged again)", dropped, start
             )
-        if chief:  # after the compatibility check: a refused run leaves the workdir as it was
-            (workdir / "config.json").write_text(json.dumps(build.config_dict(config), indent=2))
+        if chief:  # after the restore: a refused run leaves the workdir as it was
+            build.write_config_json(workdir, config)
         loop = _Loop(run, iterator, writer, checkpointer, rng, step=start)
         with _peers_watched(loop):
             preemption.start()
