@@ -19,6 +19,7 @@ Submodules:
   * `pipeline`: encoding to padded int32 examples, grain datasets and resumable iterators;
     `packing` puts several examples in one row.
   * `pretrained_tokenizer`: a Hugging Face checkpoint's tokenizer behind the same interface.
+  * `workdir_tokenizer`: a workdir's tokenizer file read back, damage named in one line.
 
 Submodules load on first attribute access (`tfjax.data.scan`) or explicit import (`from
 tfjax.data import scan`): `scan`, `tasks` and `tokenizers` need only numpy, while `pipeline`
@@ -41,6 +42,7 @@ _SUBMODULES = (
     "sources",
     "tasks",
     "tokenizers",
+    "workdir_tokenizer",
 )
 
 __all__ = list(_SUBMODULES)
