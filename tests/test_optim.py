@@ -1,4 +1,5 @@
-"""tfjax/training/optim.py: schedules against their formulas, config checks, hand-written Adam."""
+"""tfjax/training/optim.py and schedules.py: schedules against their formulas, config checks,
+hand-written Adam."""
 
 import math
 
@@ -8,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from tfjax.training import optim
+from tfjax.training import optim, schedules
 
 
 def _lr(schedule, count):
@@ -17,7 +18,7 @@ def _lr(schedule, count):
 
 def test_paper_schedule_matches_formula():
     d_model, warmup, scale = 512, 4000, 2.0
-    schedule = optim.paper_schedule(d_model, warmup, scale=scale)
+    schedule = schedules.paper_schedule(d_model, warmup, scale=scale)
 
     def formula(s):  # Vaswani et al. 2017 eq. (3), s counted from 1
         return scale * d_model**-0.5 * min(s**-0.5, s * warmup**-1.5)
@@ -33,7 +34,7 @@ def test_paper_schedule_matches_formula():
 
 
 def test_rsqrt_schedule_key_points():
-    schedule = optim.rsqrt_schedule(0.5, 100)
+    schedule = schedules.rsqrt_schedule(0.5, 100)
     assert _lr(schedule, 0) == pytest.approx(0.5 / 100, rel=1e-6)
     assert _lr(schedule, 49) == pytest.approx(0.25, rel=1e-6)
     assert _lr(schedule, 99) == pytest.approx(0.5, rel=1e-6)  # peak at s = warmup
@@ -43,7 +44,7 @@ def test_rsqrt_schedule_key_points():
 
 def test_cosine_schedule_key_points():
     peak, warmup, decay, end = 1e-3, 10, 110, 0.1
-    schedule = optim.cosine_schedule(peak, warmup, decay, end)
+    schedule = schedules.cosine_schedule(peak, warmup, decay, end)
 
     def formula(s):
         if s < warmup:

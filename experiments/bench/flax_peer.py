@@ -187,7 +187,7 @@ def build_model(shape: dict, dtype: str = "float32", decode: bool = False) -> Tr
 
 
 def paper_schedule(d: int) -> Callable:
-    """Vaswani et al. 2017 eq. (3) at s = step + 1, as tfjax's `optim.paper_schedule`."""
+    """Vaswani et al. 2017 eq. (3) at s = step + 1, as tfjax's `schedules.paper_schedule`."""
 
     def schedule(step):
         s = step + 1.0

@@ -130,7 +130,7 @@ def num_params(shape: dict) -> int:
 
 
 def _paper_lr(d: int):
-    """Vaswani et al. 2017 eq. (3) at s = step + 1, as tfjax's `optim.paper_schedule`."""
+    """Vaswani et al. 2017 eq. (3) at s = step + 1, as tfjax's `schedules.paper_schedule`."""
     return lambda step: d**-0.5 * min((step + 1) ** -0.5, (step + 1) * WARMUP_STEPS**-1.5)
 
 

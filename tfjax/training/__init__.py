@@ -1,11 +1,11 @@
 """The pieces of training: steps and state, optimizer, checkpoints, logs, host allocator.
 
 `steps` (TrainState, pure train and eval steps), `mlm` (BERT's masked-LM objective), `optim`
-(schedules and optax chains) and `muon` (Muon's kernel axes), `vectorized` (the steps of a
-vectorised sweep), `checkpointing` (orbax, checksums and fallback), `logger` (metrics.jsonl,
-TensorBoard, progress bar), `profiling` (a `jax.profiler` trace of chosen steps), `host` (host
-allocator tuning, libtpu on hosts without TPUs) and `storage` (a full or read-only disk in one
-line, atomic writes).
+(the optimizer's config and optax chains), `schedules` (learning-rate schedules), `muon`
+(Muon's kernel axes), `vectorized` (the steps of a vectorised sweep), `checkpointing` (orbax,
+checksums and fallback), `logger` (metrics.jsonl, TensorBoard, progress bar), `profiling` (a
+`jax.profiler` trace of chosen steps), `host` (host allocator tuning, libtpu on hosts without
+TPUs) and `storage` (a full or read-only disk in one line, atomic writes).
 The loop that uses them is `tfjax.runs.trainer`.
 """
 
@@ -19,6 +19,7 @@ __all__ = [
     "muon",
     "optim",
     "profiling",
+    "schedules",
     "steps",
     "storage",
     "vectorized",

@@ -1,19 +1,15 @@
-"""Learning-rate schedules and the optimizer.
+"""The optimizer: its config, Adam, AdamW and Muon, and the vectorised twin.
 
 Sources:
-- `paper_schedule`: Vaswani et al. 2017, "Attention Is All You Need", §5.3, eq. (3):
-  lr = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5), with step counted from 1;
-  Adam with β1 = 0.9, β2 = 0.98, ε = 1e-9 (the `OptimConfig` defaults).
-- `rsqrt_schedule`: the same shape with the peak given directly (linear warmup, then inverse
-  square-root decay), as in T5 (Raffel et al. 2020, §3.1.2) and tensor2tensor.
-- `cosine_schedule`: Loshchilov & Hutter 2017, "SGDR", eq. (5), without restarts, after a linear
-  warmup.
+- Adam with β1 = 0.9, β2 = 0.98, ε = 1e-9 (the `OptimConfig` defaults): Vaswani et al. 2017,
+  "Attention Is All You Need", §5.3, on the schedules of `tfjax.training.schedules` (the
+  paper's eq. (3) by default).
 - AdamW: Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization", Algorithm 2.
 - Muon for the hidden layers' matrices: Jordan et al. 2024 (`tfjax.training.muon`).
 - Gradient accumulation: `optax.MultiSteps`.
 
-All schedules take optax's update count (0 for the first update) and evaluate at s = count + 1, so
-the first update never has a zero learning rate and the paper's formula applies as written.
+`make_optimizer` builds one run's optimizer; `traced_optimizer` the same with hyperparameters
+that differ per trial of a vectorised sweep (`traced_structure`, `traced_hyper`).
 """
 
 import dataclasses
@@ -24,10 +20,9 @@ import jax.numpy as jnp
 import optax
 
 from tfjax import errors
-from tfjax.training import muon
+from tfjax.training import muon, schedules
 
 OPTIMIZERS = ("adam", "adamw", "muon")
-SCHEDULES = ("paper", "rsqrt", "cosine", "constant")
 DECAYED = ("all", "matrices")
 # Leaf names that `weight_decay_params="matrices"` leaves undecayed: biases and norm scales.
 _UNDECAYED_NAMES = ("bias", "logits_bias", "scale")
@@ -95,7 +90,8 @@ class OptimConfig:
 
     def _check_names(self) -> None:
         _require(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}", self.optimizer)
-        _require(self.schedule in SCHEDULES, "schedule", f"one of {SCHEDULES}", self.schedule)
+        names = schedules.SCHEDULES
+        _require(self.schedule in names, "schedule", f"one of {names}", self.schedule)
         decayed = self.weight_decay_params
         _require(decayed in DECAYED, "weight_decay_params", f"one of {DECAYED}", decayed)
 
@@ -149,129 +145,16 @@ def decay_mask(params):
     )
 
 
-def _step(count: jax.Array | int) -> jax.Array:
-    """optax's count (0 for the first update) → the paper's step s (1 for the first update)."""
-    return jnp.asarray(count, jnp.float32) + 1.0
-
-
-def _warmup_factor(s: jax.Array, warmup_steps) -> jax.Array:
-    """Linear warmup s / warmup_steps, capped at 1; 1 throughout when warmup_steps == 0.
-
-    `warmup_steps` is a Python int, or a traced scalar in a vectorised sweep."""
-    if isinstance(warmup_steps, numbers.Number):
-        if warmup_steps == 0:
-            return jnp.ones_like(s)
-        return jnp.minimum(1.0, s / warmup_steps)
-    ramp = jnp.minimum(1.0, s / jnp.maximum(warmup_steps, 1.0))
-    return jnp.where(warmup_steps > 0, ramp, 1.0)
-
-
-# The schedules' formulas, of the paper's step s (from 1) and hyperparameters that are Python
-# numbers or (in a vectorised sweep, `traced_optimizer`) traced float32 scalars.
-
-
-def _paper(s, d_model, warmup_steps, scale):
-    return scale * d_model**-0.5 * jnp.minimum(s**-0.5, s * warmup_steps**-1.5)
-
-
-def _rsqrt(s, peak, warmup_steps):
-    return peak * jnp.minimum(s / warmup_steps, jnp.sqrt(warmup_steps / s))
-
-
-def _cosine(s, peak, warmup_steps, decay_steps, end_fraction):
-    end = peak * end_fraction
-    progress = jnp.clip((s - warmup_steps) / (decay_steps - warmup_steps), 0.0, 1.0)
-    decayed = end + (peak - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
-    return jnp.where(s < warmup_steps, peak * _warmup_factor(s, warmup_steps), decayed)
-
-
-def _constant(s, peak, warmup_steps):
-    return peak * _warmup_factor(s, warmup_steps)
-
-
-def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
-    """Vaswani et al. 2017 §5.3: scale · d_model^-0.5 · min(s^-0.5, s · warmup_steps^-1.5).
-
-    Args:
-        d_model: model width D.
-        warmup_steps: the step of the peak, scale · (d_model · warmup_steps)^-0.5.
-        scale: a multiplier on the paper's formula (1 in the paper).
-
-    Returns:
-        A schedule mapping optax's count c (from 0) to a float32 LR evaluated at s = c + 1.
-    """
-    if d_model <= 0 or warmup_steps <= 0:
-        raise errors.ConfigError(
-            f"d_model, warmup_steps: expected > 0, got {d_model}, {warmup_steps}"
-        )
-
-    def schedule(count):
-        return _paper(_step(count), d_model, warmup_steps, scale)
-
-    return schedule
-
-
-def rsqrt_schedule(peak: float, warmup_steps: int) -> optax.Schedule:
-    """Linear warmup to `peak` at s = warmup_steps, then peak · sqrt(warmup_steps / s).
-
-    Returns:
-        A schedule mapping optax's count c (from 0) to a float32 LR evaluated at s = c + 1, so
-        the first update uses peak / warmup_steps.
-    """
-    if warmup_steps <= 0:
-        raise errors.ConfigError(f"warmup_steps: expected > 0, got {warmup_steps}")
-
-    def schedule(count):
-        return _rsqrt(_step(count), peak, warmup_steps)
-
-    return schedule
-
-
-def cosine_schedule(
-    peak: float, warmup_steps: int, decay_steps: int, end_fraction: float = 0.0
-) -> optax.Schedule:
-    """Linear warmup to `peak`, then cosine decay to peak · end_fraction at s = decay_steps.
-
-    Args:
-        peak: the LR at s = warmup_steps.
-        warmup_steps: warmup length (0 = start at the peak).
-        decay_steps: the step at which the floor is reached, warmup included; constant after.
-        end_fraction: the floor as a fraction of `peak`.
-
-    Returns:
-        A schedule mapping optax's count c (from 0) to a float32 LR evaluated at s = c + 1.
-    """
-    if not 0 <= warmup_steps < decay_steps:
-        raise errors.ConfigError(
-            f"warmup_steps, decay_steps: expected 0 <= warmup_steps < decay_steps, "
-            f"got {warmup_steps}, {decay_steps}"
-        )
-
-    def schedule(count):
-        return _cosine(_step(count), peak, warmup_steps, decay_steps, end_fraction)
-
-    return schedule
-
-
-def constant_schedule(peak: float, warmup_steps: int) -> optax.Schedule:
-    """Linear warmup to `peak` over warmup_steps (none when 0), then constant."""
-
-    def schedule(count):
-        return _constant(_step(count), peak, warmup_steps)
-
-    return schedule
-
-
 def make_schedule(config: OptimConfig, d_model: int) -> optax.Schedule:
     """The schedule named by `config.schedule`; `d_model` is used by "paper" only."""
     lr, warmup = config.learning_rate, config.warmup_steps
     if config.schedule == "paper":
-        return paper_schedule(d_model, warmup, scale=lr)
+        return schedules.paper_schedule(d_model, warmup, scale=lr)
     if config.schedule == "rsqrt":
-        return rsqrt_schedule(lr, warmup)
+        return schedules.rsqrt_schedule(lr, warmup)
     if config.schedule == "cosine":
-        return cosine_schedule(lr, warmup, config.decay_steps, config.end_lr_fraction)
-    return constant_schedule(lr, warmup)
+        return schedules.cosine_schedule(lr, warmup, config.decay_steps, config.end_lr_fraction)
+    return schedules.constant_schedule(lr, warmup)
 
 
 def make_optimizer(
@@ -429,20 +312,24 @@ def traced_optimizer(
     zero weight decay adds 0 · param, an unclipped trial clips at an infinite norm.
     """
     formulas = {
-        "paper": lambda s: _paper(s, d_model, hyper["warmup_steps"], hyper["learning_rate"]),
-        "rsqrt": lambda s: _rsqrt(s, hyper["learning_rate"], hyper["warmup_steps"]),
-        "cosine": lambda s: _cosine(
+        "paper": lambda s: schedules.paper_lr(
+            s, d_model, hyper["warmup_steps"], hyper["learning_rate"]
+        ),
+        "rsqrt": lambda s: schedules.rsqrt_lr(s, hyper["learning_rate"], hyper["warmup_steps"]),
+        "cosine": lambda s: schedules.cosine_lr(
             s,
             hyper["learning_rate"],
             hyper["warmup_steps"],
             hyper["decay_steps"],
             hyper["end_lr_fraction"],
         ),
-        "constant": lambda s: _constant(s, hyper["learning_rate"], hyper["warmup_steps"]),
+        "constant": lambda s: schedules.constant_lr(
+            s, hyper["learning_rate"], hyper["warmup_steps"]
+        ),
     }
 
     def schedule(count):
-        s = _step(count)
+        s = schedules.paper_step(count)
         values = [formulas[name](s) for name in structure.schedules]  # each [] float32
         if len(values) == 1:
             return values[0]
