@@ -113,7 +113,7 @@ def apply_preset(
     if name not in presets:
         raise errors.ConfigError(f"unknown preset {name!r}; choose one of {sorted(presets)}")
     for key in presets[name]:  # update_from_flattened_dict would add a misspelt key silently
-        _check_key(config, key, f"preset {name!r}")
+        _check_key(config, key, f"preset {name!r}")  # but in a `kwargs` group, which takes any
     config.update_from_flattened_dict(presets[name])
     return config
 
@@ -122,6 +122,8 @@ def _check_key(config: ml_collections.ConfigDict, key: str, where: str) -> None:
     """Raises ConfigError naming `key` (and close matches) unless `config` has it."""
     node, done = config, []
     for part in key.split("."):
+        if done[-1:] == ["kwargs"] and isinstance(node, ml_collections.ConfigDict):
+            return  # keyword arguments of what the config names (optim.kwargs), checked there
         if not isinstance(node, ml_collections.ConfigDict) or part not in node:
             keys = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
             close = difflib.get_close_matches(part, keys, n=3, cutoff=0.6)

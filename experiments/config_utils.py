@@ -7,8 +7,12 @@ are pulled out of argv by `split_config_overrides` before absl parses flags (aft
 absl's `--flagfile=FILE`, so a flagfile may hold them too; a bare `--config.a.b` sets a boolean
 field true and `--noconfig.a.b` false), then applied by `load_config`, which parses each value
 to the type of the field it replaces and rejects unknown keys with the closest valid ones. The
-returned config is locked: code cannot add keys later. Every refusal is a
-`tfjax.errors.ConfigError` (a ValueError) with a one-line message.
+returned config is locked: code cannot add keys later. The one exception are groups named
+`kwargs` (`OPEN_GROUP`, e.g. `optim.kwargs`): they hold the keyword arguments of something the
+config names by a string (the optax optimizer of `optim.optimizer`), so an override may add a
+key there (`--config.optim.kwargs.b1=0.95`, its value a Python literal or else a string), which
+whatever takes them checks. Every refusal is a `tfjax.errors.ConfigError` (a ValueError) with a
+one-line message.
 
 Why not `ml_collections.config_flags.DEFINE_config_file` (tried with ml_collections 1.1.0):
 `--config.train.num_train_steps=1e5` is refused ("invalid literal for int()"); a misspelt key
@@ -35,6 +39,8 @@ from tfjax import errors
 _PREFIXES = ("--config.", "-config.")
 _NEGATED = ("--noconfig.", "-noconfig.")
 NEGATION = "!"  # "!a.b": the override of `--noconfig.a.b`
+# Groups of this name take keys the config file does not list (see the module docstring).
+OPEN_GROUP = "kwargs"
 _TRUE = ("true", "1")
 _FALSE = ("false", "0")
 _EXAMPLES = {
@@ -146,7 +152,8 @@ def _join(prefix: str, key: str) -> str:
 
 
 def _field(config: ml_collections.ConfigDict, key: str) -> tuple[ml_collections.ConfigDict, str]:
-    """(the group holding dotted `key`, its last part); unknown keys and groups refused."""
+    """(the group holding dotted `key`, its last part); unknown keys and groups refused, but
+    a key new to an open group (`is_open`) is returned for the caller to add."""
     *parents, leaf = key.split(".")
     node, prefix = config, ""
     for part in parents:
@@ -158,14 +165,25 @@ def _field(config: ml_collections.ConfigDict, key: str) -> tuple[ml_collections.
                 f"config key {prefix!r} is not a group (type "
                 f"{type(node).__name__}); cannot set {key!r}"
             )
-    if leaf not in node:
+    if leaf not in node and not is_open(prefix):
         raise _unknown_key(key, prefix, leaf, list(node.keys()))
-    if isinstance(node[leaf], ml_collections.ConfigDict):
+    if leaf in node and isinstance(node[leaf], ml_collections.ConfigDict):
+        fields = [_join(key, k) for k in node[leaf]] or [f"{key}.NAME=VALUE"]
         raise errors.ConfigError(
-            f"config key {key!r} is a group; override its fields instead: "
-            + ", ".join(_join(key, k) for k in node[leaf])
+            f"config key {key!r} is a group; override its fields instead: " + ", ".join(fields)
         )
     return node, leaf
+
+
+def is_open(group: str) -> bool:
+    """Whether the group of dotted name `group` takes new keys (`OPEN_GROUP`)."""
+    return group.rsplit(".", 1)[-1] == OPEN_GROUP
+
+
+def _add(node: ml_collections.ConfigDict, leaf: str, value: Any) -> None:
+    """Adds key `leaf` to `node`, an open group, even when the config is locked."""
+    with node.unlocked():
+        node[leaf] = value
 
 
 def apply_override(config: ml_collections.ConfigDict, override: str) -> None:
@@ -179,6 +197,10 @@ def apply_override(config: ml_collections.ConfigDict, override: str) -> None:
     if not key or (sep and override.startswith(NEGATION)):
         raise errors.ConfigError(f"config override {override!r} is not of the form 'a.b=value'")
     node, leaf = _field(config, key)
+    if leaf not in node:  # a new key of an open group; bare or negated: a boolean
+        value = _parse_new(key, raw) if sep else not override.startswith(NEGATION)
+        _add(node, leaf, value)
+        return
     field_type = node.get_type(leaf)
     if sep:
         node[leaf] = parse_value(key, raw, field_type, node[leaf])
@@ -200,6 +222,13 @@ def override_flag(override: str) -> str:
     return f"--config.{override}"
 
 
+def _parse_new(key: str, raw: str) -> Any:
+    """The value of a key new to an open group: true or false, else a Python literal (a
+    number, None, a tuple), else the string."""
+    text = raw.strip().lower()
+    return text == "true" if text in ("true", "false") else parse_value(key, raw, type(None))
+
+
 def apply_updates(config: ml_collections.ConfigDict, updates: Mapping[str, Any]) -> None:
     """Sets dotted keys to Python values in place (`ConfigDict.update_from_flattened_dict`),
     after checking every key as `load_config` does; an int is taken for a float field and a
@@ -212,6 +241,9 @@ def apply_updates(config: ml_collections.ConfigDict, updates: Mapping[str, Any])
     converted = {}
     for key, value in updates.items():
         node, leaf = _field(config, key)
+        if leaf not in node:  # a new key of an open group
+            _add(node, leaf, value)
+            continue
         field_type = node.get_type(leaf)
         if field_type is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
