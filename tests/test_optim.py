@@ -88,7 +88,7 @@ def test_config_from_config_dict():
 @pytest.mark.parametrize(
     "overrides, field, mentions",
     [
-        ({"optimizer": "sgd"}, "optimizer", "adamw"),
+        ({"optimizer": "sgdd"}, "optimizer", "adamw"),
         ({"schedule": "linear"}, "schedule", "cosine"),
         ({"learning_rate": 0.0}, "learning_rate", "> 0"),
         ({"warmup_steps": -1}, "warmup_steps", ">= 0"),

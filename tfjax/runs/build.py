@@ -57,10 +57,12 @@ def config_dict(config: ml_collections.ConfigDict) -> dict:
 # Model settings a checkpoint may differ in from the run that restores it: they change how the
 # same numbers are computed (remat) or laid out (scan_layers, converted by `layout_conversion`).
 LAYOUT_KEYS = ("model.scan_layers", "model.remat")
-# Field defaults of the config groups a checkpoint must match (`checkpointing.check_compatible`).
+# Field defaults of the config groups a checkpoint must match (`checkpointing.check_compatible`),
+# and of `optim`: what `load_config_dict` gives the fields an older config.json lacks.
 SECTION_DEFAULTS = {
     "model": dataclasses.asdict(models.ModelConfig()),
     "data": dataclasses.asdict(datasets.DataConfig()),
+    "optim": dataclasses.asdict(optim.OptimConfig()),
 }
 
 

@@ -1,11 +1,12 @@
 """The pieces of training: steps and state, optimizer, checkpoints, logs, host allocator.
 
 `steps` (TrainState, pure train and eval steps), `mlm` (BERT's masked-LM objective), `optim`
-(the optimizer's config and optax chains), `schedules` (learning-rate schedules), `muon`
-(Muon's kernel axes), `vectorized` (the steps of a vectorised sweep), `checkpointing` (orbax,
-checksums and fallback), `logger` (metrics.jsonl, TensorBoard, progress bar), `profiling` (a
-`jax.profiler` trace of chosen steps), `host` (host allocator tuning, libtpu on hosts without
-TPUs) and `storage` (a full or read-only disk in one line, atomic writes).
+(the optimizer's config and optax chains), `schedules` (learning-rate schedules),
+`optax_by_name` (any optax optimizer by name), `muon` (Muon's kernel axes), `vectorized` (the
+steps of a vectorised sweep), `checkpointing` (orbax, checksums and fallback), `logger`
+(metrics.jsonl, TensorBoard, progress bar), `profiling` (a `jax.profiler` trace of chosen
+steps), `host` (host allocator tuning, libtpu on hosts without TPUs) and `storage` (a full or
+read-only disk in one line, atomic writes).
 The loop that uses them is `tfjax.runs.trainer`.
 """
 
@@ -17,6 +18,7 @@ __all__ = [
     "logger",
     "mlm",
     "muon",
+    "optax_by_name",
     "optim",
     "profiling",
     "schedules",

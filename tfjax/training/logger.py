@@ -47,6 +47,17 @@ def _json_value(name: str, value: SupportsFloat) -> int | float | str:
     return "nan" if math.isnan(number) else ("inf" if number > 0 else "-inf")
 
 
+def _flat_hparams(hparams: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`hparams` with every nested mapping's keys as dotted names."""
+    flat = {}
+    for key, value in hparams.items():
+        if isinstance(value, Mapping):
+            flat.update(_flat_hparams(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 class MetricWriter:
     """Writes scalar metrics to `workdir/metrics.jsonl` and TensorBoard event files.
 
@@ -112,20 +123,22 @@ class MetricWriter:
 
     def write_hparams(
         self,
-        hparams: Mapping[str, bool | str | float | int],
+        hparams: Mapping[str, bool | str | float | int | Mapping[str, Any]],
         metrics: Mapping[str, SupportsFloat],
         step: SupportsIndex | None = None,
     ) -> None:
         """Records the run's hyperparameters and final metrics for TensorBoard's hparams
         dashboard, in `tensorboard/hparams` (metric tags `hparam/<name>`, so they do not clash
-        with the scalars of `write`). Non-finite metrics are skipped (TensorBoard cannot plot
-        them)."""
+        with the scalars of `write`). A mapping among `hparams` (`optim.kwargs`) gives one
+        hyperparameter per key (`optim.kwargs.b1`). Non-finite metrics are skipped
+        (TensorBoard cannot plot them)."""
         if not self.enabled:
             return
         values = {f"hparam/{k}": float(v) for k, v in metrics.items() if math.isfinite(float(v))}
         tensorboard = self._tensorboard_writer()
         global_step = None if step is None else operator.index(step)
-        tensorboard.add_hparams(dict(hparams), values, name="hparams", global_step=global_step)
+        flat = _flat_hparams(hparams)
+        tensorboard.add_hparams(flat, values, name="hparams", global_step=global_step)
         tensorboard.flush()
 
     def drop_after(self, step: int) -> int:

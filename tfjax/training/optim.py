@@ -1,4 +1,4 @@
-"""The optimizer: its config, Adam, AdamW and Muon, and the vectorised twin.
+"""The optimizer: its config, the recipes, any optax optimizer by name, the vectorised twin.
 
 Sources:
 - Adam with β1 = 0.9, β2 = 0.98, ε = 1e-9 (the `OptimConfig` defaults): Vaswani et al. 2017,
@@ -7,6 +7,8 @@ Sources:
 - AdamW: Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization", Algorithm 2.
 - Muon for the hidden layers' matrices: Jordan et al. 2024 (`tfjax.training.muon`).
 - Gradient accumulation: `optax.MultiSteps`.
+- Any other optax optimizer by its name and keyword arguments (`optim.optimizer="lion"`,
+  `optim.kwargs.b1=0.95`): `tfjax.training.optax_by_name`.
 
 `make_optimizer` builds one run's optimizer; `traced_optimizer` the same with hyperparameters
 that differ per trial of a vectorised sweep (`traced_structure`, `traced_hyper`).
@@ -14,15 +16,17 @@ that differ per trial of a vectorised sweep (`traced_structure`, `traced_hyper`)
 
 import dataclasses
 import numbers
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from tfjax import errors
-from tfjax.training import muon, schedules
+from tfjax.training import muon, optax_by_name, schedules
 
-OPTIMIZERS = ("adam", "adamw", "muon")
+# tfjax's own optimizers; any other `optimizer` is optax's of that name (`optax_by_name`).
+RECIPES = ("adam", "adamw", "muon")
 DECAYED = ("all", "matrices")
 # Leaf names that `weight_decay_params="matrices"` leaves undecayed: biases and norm scales.
 _UNDECAYED_NAMES = ("bias", "logits_bias", "scale")
@@ -46,9 +50,12 @@ class OptimConfig:
     """Optimizer settings, built as `OptimConfig(**config.optim)`.
 
     Attributes:
-        optimizer: "adam", "adamw", or "muon": Muon (`tfjax.training.muon`) for the hidden
-            layers' kernels (attention projections, feed-forward layers) and AdamW for every
-            other parameter (embeddings, output and head layers, biases, norm scales).
+        optimizer: one of tfjax's `RECIPES`, "adam", "adamw" or "muon" (Muon,
+            `tfjax.training.muon`, for the hidden layers' kernels: attention projections and
+            feed-forward layers; AdamW for every other parameter: embeddings, output and head
+            layers, biases, norm scales); or the name of any optax optimizer ("lion",
+            "adafactor", "contrib.prodigy"), built with the schedule, `weight_decay` and
+            `kwargs` (`optax_by_name`).
         learning_rate: for the "paper" schedule the `scale` multiplier; otherwise the peak LR.
             With "muon", that of the AdamW part.
         muon_learning_rate: with "muon", the Muon part's `learning_rate`, on the same schedule
@@ -56,15 +63,19 @@ class OptimConfig:
         muon_momentum: with "muon", the Muon part's (Nesterov) momentum; b1 is AdamW's.
         schedule: "paper", "rsqrt", "cosine" or "constant" (linear warmup, then constant).
         warmup_steps: linear warmup length in applied updates; > 0 for "paper" and "rsqrt".
-        b1, b2, eps: Adam hyperparameters (defaults from Vaswani et al. 2017 §5.3).
-        weight_decay: decoupled weight decay; with "adamw" and "muon" (both parts), not "adam".
-        weight_decay_params: which parameters "adamw" / "muon" decay: "all", or "matrices" (every
+        b1, b2, eps: the recipes' Adam hyperparameters (defaults from Vaswani et al. 2017
+            §5.3); an optimizer by name takes its own from `kwargs`.
+        weight_decay: decoupled weight decay; with "adamw" and "muon" (both parts), not "adam";
+            an optimizer by name gets it as its `weight_decay` argument (0 = off).
+        weight_decay_params: which parameters are decayed: "all", or "matrices" (every
             parameter but biases and normalisation scales: GPT-2 / nanoGPT's rule of decaying
             the >= 2-D tensors, by leaf name so that scanned stacks' 2-D biases stay undecayed).
         grad_clip_norm: clip gradients to this global norm; 0 turns clipping off.
         grad_accum_steps: micro-batches averaged per applied update (`optax.MultiSteps`).
         decay_steps: total applied updates of the "cosine" schedule, warmup included.
         end_lr_fraction: the "cosine" floor as a fraction of the peak.
+        kwargs: keyword arguments of an optimizer by name (`optim.kwargs.b1=0.95`); optax's
+            defaults for the others. Empty for the recipes.
     """
 
     optimizer: str = "adam"
@@ -82,14 +93,25 @@ class OptimConfig:
     grad_accum_steps: int = 1
     decay_steps: int = 0
     end_lr_fraction: float = 0.0
+    kwargs: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        _require(
+            hasattr(self.kwargs, "keys"), "kwargs", "a group of keyword arguments", self.kwargs
+        )
+        object.__setattr__(self, "kwargs", {k: self.kwargs[k] for k in self.kwargs.keys()})
         self._check_names()
         self._check_numbers()
         self._check_combinations()
 
     def _check_names(self) -> None:
-        _require(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}", self.optimizer)
+        optax_by_name.check_name(self.optimizer, RECIPES)
+        if self.optimizer in RECIPES and self.kwargs:
+            raise errors.ConfigError(
+                f"OptimConfig.kwargs: the recipe {self.optimizer!r} takes no kwargs, got "
+                f"{self.kwargs!r}; set its optim.b1, b2, eps, muon_* fields, or name an optax "
+                f"optimizer in optim.optimizer (optim.kwargs sets its arguments)"
+            )
         names = schedules.SCHEDULES
         _require(self.schedule in names, "schedule", f"one of {names}", self.schedule)
         decayed = self.weight_decay_params
@@ -127,6 +149,13 @@ class OptimConfig:
                 self.decay_steps > self.warmup_steps, "decay_steps", expected, self.decay_steps
             )
         _check_weight_decay(self.optimizer, self.weight_decay)
+        if self.optimizer not in RECIPES:
+            optax_by_name.check_kwargs(
+                self.optimizer,
+                self.kwargs,
+                weight_decay=self.weight_decay,
+                matrices=self.weight_decay_params == "matrices",
+            )
 
 
 def _check_weight_decay(optimizer: str, weight_decay: float) -> None:
@@ -160,7 +189,7 @@ def make_schedule(config: OptimConfig, d_model: int) -> optax.Schedule:
 def make_optimizer(
     config: OptimConfig, d_model: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Builds clip → Adam/AdamW with the schedule, optionally under gradient accumulation.
+    """Builds clip → the optimizer with the schedule, optionally under gradient accumulation.
 
     With `grad_accum_steps` k > 1 the chain is wrapped in `optax.MultiSteps`: micro-batch
     gradients are averaged and the inner chain (clipping included) runs once every k calls,
@@ -169,6 +198,7 @@ def make_optimizer(
     (the train step's micro-step count // k), not at the micro-step count.
 
     AdamW follows optax: the decay is decoupled from the Adam moments and scaled by the schedule.
+    An optimizer by name is `optax_by_name.build`'s, in the same place of the chain.
 
     Args:
         config: the optimizer settings.
@@ -179,10 +209,20 @@ def make_optimizer(
 
     Raises:
         ValueError: for optimizer="adam" with weight_decay > 0 (use "adamw").
+        tfjax.errors.ConfigError: for kwargs the optimizer by name refuses.
     """
     _check_weight_decay(config.optimizer, config.weight_decay)
     schedule = make_schedule(config, d_model)
     clip = config.grad_clip_norm if config.grad_clip_norm > 0 else None
+    if config.optimizer not in RECIPES:
+        core = optax_by_name.build(
+            config.optimizer,
+            schedule,
+            config.kwargs,
+            weight_decay=config.weight_decay,
+            mask=decay_mask if config.weight_decay_params == "matrices" else None,
+        )
+        return _chain(core, clip, config.grad_accum_steps), schedule
     hyper = {"b1": config.b1, "b2": config.b2, "eps": config.eps}
     decays = config.optimizer == "adamw" or (config.optimizer == "muon" and config.weight_decay > 0)
     hyper["weight_decay"] = config.weight_decay if decays else None
@@ -193,19 +233,17 @@ def make_optimizer(
             "schedule": lambda count: ratio * schedule(count),
             "momentum": config.muon_momentum,
         }
-    return _chain(schedule, hyper, clip, config.grad_accum_steps), schedule
+    return _chain(_recipe(schedule, hyper), clip, config.grad_accum_steps), schedule
 
 
 def _not_muon(params):
     return jax.tree.map(lambda m: not m, muon.muon_mask(params))
 
 
-def _chain(
-    schedule: optax.Schedule, hyper: dict, clip_norm, grad_accum_steps: int
-) -> optax.GradientTransformation:
-    """clip (unless `clip_norm` is None) → Adam, or AdamW unless hyper["weight_decay"] is None
-    (decaying the leaves `hyper["decay_mask"]` selects, all when None), under
-    `optax.MultiSteps` when grad_accum_steps > 1."""
+def _recipe(schedule: optax.Schedule, hyper: dict) -> optax.GradientTransformation:
+    """Adam, or AdamW unless hyper["weight_decay"] is None (decaying the leaves
+    `hyper["decay_mask"]` selects, all when None); with hyper["muon"], Muon for the hidden
+    layers' kernels beside it."""
     adam_args = dict(learning_rate=schedule, b1=hyper["b1"], b2=hyper["b2"], eps=hyper["eps"])
     if hyper["weight_decay"] is not None:
         adam = optax.adamw(
@@ -221,16 +259,27 @@ def _chain(
             optax.scale_by_learning_rate(hyper["muon"]["schedule"]),
         )
         adam = optax.chain(optax.masked(matrices, muon.muon_mask), optax.masked(adam, _not_muon))
+    return adam
+
+
+def _chain(
+    core: optax.GradientTransformation, clip_norm, grad_accum_steps: int
+) -> optax.GradientTransformation:
+    """clip (unless `clip_norm` is None) → `core`, under `optax.MultiSteps` when
+    grad_accum_steps > 1."""
     parts = [] if clip_norm is None else [optax.clip_by_global_norm(clip_norm)]
-    optimizer = optax.chain(*parts, adam)
+    optimizer = optax.chain(*parts, core)
     if grad_accum_steps > 1:
         multi = optax.MultiSteps(optimizer, every_k_schedule=grad_accum_steps)
         optimizer = multi.gradient_transformation()
     return optimizer
 
 
-# Fields a vectorised sweep may set per trial (`traced_optimizer`); the others are one value.
-TRACEABLE = (
+# Fields a vectorised sweep may set per trial (`traced_optimizer`); the others are one value:
+# the numbers (traced float32 scalars), `schedule` (each trial picks one of the trials'),
+# `optimizer` ("adam" and "adamw" trials mix; an optimizer by name is shared) and the float
+# values of `kwargs` (`TracedStructure.traced_kwargs`).
+_TRACED_NUMBERS = (
     "learning_rate",
     "warmup_steps",
     "b1",
@@ -240,9 +289,8 @@ TRACEABLE = (
     "grad_clip_norm",
     "decay_steps",
     "end_lr_fraction",
-    "schedule",
-    "optimizer",
 )
+TRACEABLE = (*_TRACED_NUMBERS, "schedule", "optimizer", "kwargs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +303,10 @@ class TracedStructure:
         clip: clipping for every trial (trials without get an infinite norm: no clipping).
         grad_accum_steps: shared by all trials.
         weight_decay_params: shared by all trials.
+        optimizer: the optax optimizer by name of every trial; "" for Adam / AdamW.
+        kwargs: its keyword arguments that all trials give the same value, as (name, value).
+        traced_kwargs: its float arguments that differ between trials: each trial's is
+            `hyper["kwargs.<name>"]`.
     """
 
     schedules: tuple[str, ...]
@@ -262,18 +314,23 @@ class TracedStructure:
     clip: bool
     grad_accum_steps: int
     weight_decay_params: str = "all"
+    optimizer: str = ""
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    traced_kwargs: tuple[str, ...] = ()
 
 
 def traced_structure(configs: "list[OptimConfig]") -> TracedStructure:
     """The shared structure of trials' optimizers (each config already checked).
 
     Raises:
-        tfjax.errors.ConfigError: if the trials differ in a field outside `TRACEABLE`.
+        tfjax.errors.ConfigError: if the trials differ in a field outside `TRACEABLE`, use
+            a recipe other than Adam and AdamW (Muon) or different optimizers by name, or
+            differ in a kwarg other than by a number.
     """
     first = dataclasses.asdict(configs[0])
-    if any(c.optimizer == "muon" for c in configs):
+    for name in {c.optimizer for c in configs} & set(RECIPES) - {"adam", "adamw"}:
         raise errors.ConfigError(
-            "optim.optimizer='muon' cannot be vectorised: run such trials one after another "
+            f"optim.optimizer={name!r} cannot be vectorised: run such trials one after another "
             "(sweep.vectorize=false)"
         )
     for config in configs[1:]:
@@ -289,16 +346,51 @@ def traced_structure(configs: "list[OptimConfig]") -> TracedStructure:
         clip=any(c.grad_clip_norm > 0 for c in configs),
         grad_accum_steps=configs[0].grad_accum_steps,
         weight_decay_params=configs[0].weight_decay_params,
+        **_by_name_structure(configs),
     )
+
+
+def _by_name_structure(configs: "list[OptimConfig]") -> dict[str, Any]:
+    """`TracedStructure`'s `optimizer`, `kwargs` and `traced_kwargs` of the trials."""
+    names = sorted({c.optimizer for c in configs})
+    if set(names) <= set(RECIPES):
+        return {}
+    if len(names) > 1:
+        raise errors.ConfigError(
+            f"optim.optimizer differs between trials ({', '.join(names)}): the trials of one "
+            "vectorised program share an optax optimizer by name (only 'adam' and 'adamw' mix); "
+            "run them one after another (sweep.vectorize=false)"
+        )
+    keys = {tuple(sorted(c.kwargs)) for c in configs}
+    if len(keys) > 1:
+        raise errors.ConfigError(
+            f"optim.kwargs sets different keys in different trials ({sorted(keys)}): "
+            "give every trial the same keys"
+        )
+    shared, traced = [], []
+    for key in sorted(configs[0].kwargs):
+        values = [c.kwargs[key] for c in configs]
+        if all(type(v) is type(values[0]) and v == values[0] for v in values):
+            shared.append((key, values[0]))
+        elif all(_is_real(v) for v in values):
+            traced.append(key)
+        else:
+            raise errors.ConfigError(
+                f"optim.kwargs.{key} differs between trials ({values}): only numbers can "
+                "be vectorised; run them one after another (sweep.vectorize=false)"
+            )
+    return {"optimizer": names[0], "kwargs": tuple(shared), "traced_kwargs": tuple(traced)}
 
 
 def traced_hyper(config: OptimConfig, structure: TracedStructure) -> dict[str, jax.Array]:
     """One trial's hyperparameters as float32 scalars (int32 `schedule` index) for
     `traced_optimizer`; stack the trials' dicts for a vectorised step."""
-    hyper = {k: jnp.float32(getattr(config, k)) for k in TRACEABLE[:-2]}
+    hyper = {k: jnp.float32(getattr(config, k)) for k in _TRACED_NUMBERS}
     if config.grad_clip_norm == 0:
         hyper["grad_clip_norm"] = jnp.float32(jnp.inf)  # clipping off: the identity
     hyper["schedule"] = jnp.int32(structure.schedules.index(config.schedule))
+    for key in structure.traced_kwargs:
+        hyper[f"kwargs.{key}"] = jnp.float32(config.kwargs[key])
     return hyper
 
 
@@ -335,8 +427,15 @@ def traced_optimizer(
             return values[0]
         return jnp.select([hyper["schedule"] == i for i in range(len(values))], values)
 
+    clip = hyper["grad_clip_norm"] if structure.clip else None
+    mask = decay_mask if structure.weight_decay_params == "matrices" else None
+    if structure.optimizer:
+        kwargs = dict(structure.kwargs) | {k: hyper[f"kwargs.{k}"] for k in structure.traced_kwargs}
+        core = optax_by_name.build(
+            structure.optimizer, schedule, kwargs, weight_decay=hyper["weight_decay"], mask=mask
+        )
+        return _chain(core, clip, structure.grad_accum_steps), schedule
     adam = {k: hyper[k] for k in ("b1", "b2", "eps")}
     adam["weight_decay"] = hyper["weight_decay"] if structure.adamw else None
-    adam["decay_mask"] = decay_mask if structure.weight_decay_params == "matrices" else None
-    clip = hyper["grad_clip_norm"] if structure.clip else None
-    return _chain(schedule, adam, clip, structure.grad_accum_steps), schedule
+    adam["decay_mask"] = mask
+    return _chain(_recipe(schedule, adam), clip, structure.grad_accum_steps), schedule
