@@ -103,7 +103,7 @@ def test_importing_the_command_line_defines_no_flags():
 
 def test_require_torch_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
-    with pytest.raises(ImportError, match=r"\.\[parity\]"):
+    with pytest.raises(ImportError, match=r"tfjax\[parity\]"):
         torch_peer.require_torch()
 
 
