@@ -192,6 +192,7 @@ class Stop:
     def __init__(self):
         self.requested = False
         self.child: subprocess.Popen | None = None
+        self._forwarded = False  # whether `child` has had its SIGTERM
         self._previous = None
 
     def __enter__(self) -> "Stop":
@@ -203,8 +204,21 @@ class Stop:
 
     def _handle(self, signum, frame) -> None:
         self.requested = True
-        if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signal.SIGTERM)
+        self._forward()
+
+    def _forward(self) -> None:
+        """Sends SIGTERM on to the run in progress, if one is running and has not had it."""
+        child = self.child
+        if child is not None and not self._forwarded and child.poll() is None:
+            self._forwarded = True
+            child.send_signal(signal.SIGTERM)
+
+    def started(self, child: subprocess.Popen) -> None:
+        """`child` is now the run in progress; a SIGTERM that came while it started (before
+        `child` was known here) is sent on to it now."""
+        self.child, self._forwarded = child, False
+        if self.requested:
+            self._forward()
 
 
 def _not_started(runs: Sequence[Run]) -> list[dict[str, object]]:
@@ -232,8 +246,9 @@ def run_all(
         print(f"[{index}/{len(runs)}] {run.name}: {shlex.join(run.command)}", flush=True)
         start = time.perf_counter()
         try:
-            with subprocess.Popen(_local_command(run.command)) as stop.child:
-                returncode = stop.child.wait()
+            with subprocess.Popen(_local_command(run.command)) as child:
+                stop.started(child)
+                returncode = child.wait()
             status = "ok" if returncode == 0 else f"failed (exit {returncode})"
             if stop.requested and returncode in (0, -signal.SIGTERM):
                 status = PREEMPTED if returncode == 0 else f"{PREEMPTED} (exit {returncode})"

@@ -290,6 +290,32 @@ def test_run_all_continues_past_failures(spec, tmp_path, monkeypatch, capsys):
     assert "[2/2] lr2.0" in capsys.readouterr().out
 
 
+def test_a_sigterm_while_the_run_starts_reaches_the_run(spec, tmp_path, monkeypatch):
+    """The signal comes after the sweep checked for one but before it knows the child process
+    (Popen is still starting it): the child gets it as soon as it is known, and stops."""
+    import signal
+
+    def fake_command(spec, workdir, overrides):
+        return [sys.executable, "-c", "import sys, time; time.sleep(20); sys.exit(4)"]
+
+    stop = sweep.Stop()
+    real_popen = subprocess.Popen
+
+    class SignalledWhileStarting(real_popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            stop._handle(signal.SIGTERM, None)  # stop.child is not this process yet
+
+    monkeypatch.setattr(sweep, "build_command", fake_command)
+    monkeypatch.setattr(subprocess, "Popen", SignalledWhileStarting)
+    rows = sweep.run_all(sweep.expand(spec, "lr", [], tmp_path), tmp_path / "lr", stop)
+    assert [(row["run"], row["status"]) for row in rows] == [
+        ("lr0.5", f"preempted (exit {-signal.SIGTERM})"),
+        ("lr2.0", "preempted (not started)"),
+    ]
+    assert rows[0]["seconds"] < 15  # stopped by the signal, not by running to its end
+
+
 # Runs a sweep in which FAKE_TRAIN (argv[1]) replaces experiments.train; argv[2:] are its flags.
 SWEEP_WITH_FAKE_TRAIN = textwrap.dedent("""
     import sys
