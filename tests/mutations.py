@@ -919,6 +919,14 @@ MUTATIONS = [
         "tests/test_rendezvous.py::test_two_processes_with_one_id_stop_the_job",
     ),
     M(
+        "check-in-refuses-a-process-that-came-again",
+        "tfjax/parallel/rendezvous.py",
+        "            self.drop_departed()\n        if index == 0 and",
+        "            pass\n        if index == 0 and",
+        "tests/test_rendezvous.py::"
+        "test_a_process_that_comes_again_before_its_departure_was_seen_is_admitted",
+    ),
+    M(
         "native-abort-forwarded",
         "experiments/launch_local.py",
         "        if NATIVE_ABORT in text:",

@@ -203,3 +203,23 @@ def test_a_process_that_left_while_waiting_is_waited_for_again():
     assert _run((address, 3, 1), (address, 3, 2)) == {1: "ok", 2: "ok"}  # it comes back
     thread.join()
     assert first == {0: "ok"}
+
+
+def test_a_process_that_comes_again_before_its_departure_was_seen_is_admitted():
+    """Its new hello is read before process 0's loop looked for departed peers: the closed
+    connection of its earlier self is found then, instead of "two processes have id 1"."""
+    lobby = rendezvous._Lobby(rendezvous.Shape("127.0.0.1:1", 3, 0, NAMES), 10)
+    hello = dict(protocol=rendezvous.PROTOCOL, process_id=1, num_processes=3, host="h", pid=1)
+
+    def check_in(nonce: str) -> socket.socket:
+        process, coordinator = socket.socketpair()
+        process.sendall(json.dumps({**hello, "nonce": nonce}).encode() + b"\n")
+        lobby.admit(coordinator)
+        return process
+
+    check_in("first").close()  # checks in, dies
+    again = check_in("second")  # and comes again
+    assert lobby.missing() == [2] and lobby.peers[1][1]["nonce"] == "second"
+    with pytest.raises(errors.DistributedError, match="two processes have id 1"):
+        check_in("third")  # while the second one still waits: a real duplicate
+    again.close()

@@ -195,6 +195,8 @@ class _Lobby:
             return
         _, count_name, id_name = self.shape.variables
         index, count = hello["process_id"], hello["num_processes"]
+        if index in self.peers:  # its earlier self may have died since the loop last looked
+            self.drop_departed()
         if index == 0 and hello["nonce"] == self.nonce:
             self.reached = True
             _send(conn, waiting_for=self.missing())
