@@ -12,10 +12,12 @@ calls `record` when the command ends. In between:
     an error from deep inside JAX (a `ValueError`, an `AssertionError`, XLA's
     `RuntimeProgramInputMismatch`) or, when the shapes agree, computes something else. So the
     folder keeps `ENTRIES_FILE`, the size and modification time of every entry as written;
-    `watch` removes each entry that no longer has them and was renamed, touched or copied onto
-    since it was written (its inode's change time is later than its last write), with one
-    warning, and JAX compiles those programs again. An entry JAX writes afresh (a new file,
-    change time equal to its write time) is taken as it is.
+    `watch` removes each entry that no longer has them and whose inode changed after its last
+    write (its change time is later: renamed over another, touched, or copied onto with its
+    times kept, `cp -p`), with one warning, and JAX compiles those programs again. An entry
+    written afresh (change time equal to its write time) is taken as it is: JAX's own write,
+    but also a plain `cp` onto an entry, which rewrites the file the same way and cannot be
+    told from it.
 An entry changed before any tfjax command recorded it cannot be told apart (JAX records nothing).
 """
 
@@ -26,6 +28,8 @@ import os
 import pathlib
 import re
 import warnings
+
+from tfjax.training import storage
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +118,9 @@ def _read_entries(path: pathlib.Path) -> dict[str, list[int]]:
 
 
 def _write_entries(path: pathlib.Path, entries: dict[str, list[int]]) -> None:
-    """Writes the record through a temporary file (commands sharing the folder may race: the
-    last one's record wins, and an entry missing from it is recorded again when next seen)."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(json.dumps(entries, sort_keys=True), encoding="utf-8")
-    os.replace(temporary, path)
+    """Writes the record atomically (commands sharing the folder may race: the last one's
+    record wins, and an entry missing from it is recorded again when next seen)."""
+    storage.write_text_atomic(path, json.dumps(entries, sort_keys=True))
 
 
 def _show_warning(show):

@@ -74,6 +74,32 @@ def test_entries_written_afresh_or_copied_with_their_times_are_kept(tmp_path, st
         assert sorted(p.name for p in folder.glob("*-cache")) == ["jit_a-1-cache", "jit_b-2-cache"]
 
 
+def test_an_entry_copied_onto_with_its_times_is_removed(tmp_path, state, caplog):
+    """`cp -p a b` (shutil.copy2): b's inode changed after the write time it was given. (A
+    plain `cp` rewrites b as JAX writes an entry and is kept: docs/compilation_cache.md.)"""
+    cache = tmp_path / "cache"
+    _entries(cache, "jit_a-1", "jit_b-2")
+    compile_cache.watch(cache)
+    time.sleep(0.01)
+    shutil.copy2(cache / "jit_a-1-cache", cache / "jit_b-2-cache")
+    with caplog.at_level(logging.WARNING):
+        compile_cache.watch(cache)
+    assert "removed 1 entries renamed or changed" in caplog.text
+    assert [p.name for p in cache.glob("*-cache")] == ["jit_a-1-cache"]
+
+
+def test_a_record_that_cannot_be_replaced_leaves_no_temporary_file(tmp_path, state, monkeypatch):
+    cache = tmp_path / "cache"
+    _entries(cache, "jit_a-1")
+
+    def cannot_replace(source, target):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "replace", cannot_replace)
+    compile_cache.watch(cache)  # the record is not written; the command goes on
+    assert sorted(p.name for p in cache.iterdir()) == ["jit_a-1-cache"]
+
+
 def test_a_swap_during_a_command_is_caught_by_the_next(tmp_path, state, caplog):
     cache = tmp_path / "cache"
     cache.mkdir()
