@@ -267,17 +267,43 @@ def test_the_final_eval_scores_final_eval_examples(tmp_path, monkeypatch):
         return real(run, params, max_examples=max_examples, **kwargs)
 
     monkeypatch.setattr(evaluator, "evaluate", counted)
+    drops = []  # metrics.jsonl is read again only where a final_eval record may be replaced
+    real_drop = logger.MetricWriter.drop
+
+    def drop(writer, step, kind):
+        drops.append((step, kind))
+        return real_drop(writer, step, kind)
+
+    monkeypatch.setattr(logger.MetricWriter, "drop", drop)
     overrides = ("train.eval_every_steps=0", "train.final_eval_examples=3")
     trainer.train_and_evaluate(_config("configs/base.py:tiny", *REVERSE, *overrides), tmp_path)
-    assert calls == [3]
+    assert calls == [3] and drops == []
     # Rerunning the finished run scores it again (here more examples) and replaces the record:
     # metrics.jsonl keeps one record per step and kind.
     again = (*overrides[:1], "train.final_eval_examples=40")
     result = trainer.train_and_evaluate(_config("configs/base.py:tiny", *REVERSE, *again), tmp_path)
-    assert calls == [3, 40]
+    assert calls == [3, 40] and drops == [(2, "final_eval")]
     records = logger.read_metrics(tmp_path, "final_eval")
     assert [r["step"] for r in records] == [2]
     assert records[0]["loss"] == pytest.approx(result["loss"], rel=1e-6)
+
+
+class _NoCheckpoint:
+    def latest_step(self):
+        return None
+
+
+def test_a_step_window_that_scored_no_token_is_named_by_the_runs_kind():
+    sums = {"weight_sum": 0.0, "loss_sum": 0.0, "grad_norm": 0.0}
+    with pytest.raises(errors.DivergedError) as info:
+        trainer._check_finite(sums, 4, _NoCheckpoint())
+    message = str(info.value)
+    assert message.startswith("no token was scored in the steps up to step 4") and (
+        "check that the training examples have targets" in message
+    )
+    assert "masked-LM" not in message
+    with pytest.raises(errors.DivergedError, match="A masked-LM run scores only tokens"):
+        trainer._check_finite(sums, 4, _NoCheckpoint(), masked_lm=True)
 
 
 def test_a_locked_workdir_is_refused_in_one_line_before_anything_is_written(tmp_path):

@@ -35,7 +35,7 @@ import ml_collections
 import numpy as np
 
 from tfjax import errors
-from tfjax.data import pipeline
+from tfjax.data import datasets, pipeline
 from tfjax.nn import losses
 from tfjax.parallel import distributed, strategies
 from tfjax.runs import build, evaluator, lock, pretrained
@@ -178,15 +178,30 @@ def _diverged(what: str, checkpointer, fix: str = _LOWER) -> errors.DivergedErro
     return errors.DivergedError(f"{what}. Nothing was saved after it ({kept}). {fix}")
 
 
-def _check_finite(sums: dict[str, float], step: int, checkpointer) -> None:
+# What to do about steps that scored no token (loss 0/0), by whether the run is masked-LM.
+_NO_TOKEN_FIX = {
+    True: "A masked-LM run scores only tokens it can mask: train on text the tokenizer's "
+    "vocabulary covers.",
+    False: "Every target token of those steps was padding or left out of the loss: check that "
+    "the training examples have targets.",
+}
+
+
+def _masked_lm(run: build.Run) -> bool:
+    kind, head = run.model_config.kind, run.model_config.encoder_head
+    return datasets.example_format(kind, head) == datasets.MLM
+
+
+def _check_finite(
+    sums: dict[str, float], step: int, checkpointer, *, masked_lm: bool = False
+) -> None:
     """Raises DivergedError for a non-finite loss or gradient in `sums`, or a loss of 0/0 (no
-    token scored: a masked-LM run with nothing it can mask)."""
+    token scored: e.g. a masked-LM run with nothing it can mask)."""
     if sums.get("weight_sum") == 0:
         raise _diverged(
             f"no token was scored in the steps up to step {step}, so the loss is 0/0 (nan)",
             checkpointer,
-            "A masked-LM run scores only tokens it can mask: train on text the tokenizer's "
-            "vocabulary covers.",
+            _NO_TOKEN_FIX[masked_lm],
         )
     if np.isfinite(sums.get("loss_sum", 0.0)) and np.isfinite(sums.get("grad_norm", 0.0)):
         return
@@ -213,7 +228,14 @@ def _fetch(pending: list) -> dict[str, float]:
 
 
 def _log_train(
-    writer, progress, pending: list, step: int, elapsed: float, checkpointer, untimed: int = 0
+    writer,
+    progress,
+    pending: list,
+    step: int,
+    elapsed: float,
+    checkpointer,
+    untimed: int = 0,
+    masked_lm: bool = False,
 ):
     """Logs the pending steps; the first `untimed` of them (compilation) are not in `elapsed`."""
     sums = _fetch(pending)
@@ -221,7 +243,7 @@ def _log_train(
         timed = sums
     else:  # nothing timed yet when the first window is only the compiled step
         timed = _fetch(pending[untimed:]) if len(pending) > untimed else {}
-    _check_finite(sums, step, checkpointer)
+    _check_finite(sums, step, checkpointer, masked_lm=masked_lm)
     summary = losses.summarize(
         {k: v for k, v in sums.items() if k not in ("grad_norm", "learning_rate")}
     )
@@ -238,7 +260,7 @@ def _save(run, checkpointer, state, step: int, rng, iterator, pending: list) -> 
     """Checks the steps since the last log and the state to be saved (parameters and optimizer
     state: a step's metrics come before its update) are finite, then saves asynchronously."""
     if pending:
-        _check_finite(_fetch(pending), step, checkpointer)
+        _check_finite(_fetch(pending), step, checkpointer, masked_lm=_masked_lm(run))
     saved = run.strategy.checkpoint_state(state)
     if not bool(_all_finite(saved)):
         raise _diverged(f"non-finite parameters or optimizer state after step {step}", checkpointer)
@@ -314,6 +336,7 @@ class _Loop:
                     time.perf_counter() - t0,
                     self.checkpointer,
                     untimed=1 if first_window else 0,
+                    masked_lm=_masked_lm(run),
                 )
                 pending, t0 = [], time.perf_counter()
             if tcfg.eval_every_steps and step % tcfg.eval_every_steps == 0:
@@ -451,7 +474,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
                 run.strategy.host_params(state),
                 max_examples=config.train.final_eval_examples,
             )
-    writer.drop(step, "final_eval")  # a rerun of a finished run evaluates its last step again
+    if step == start:  # a rerun of a finished run evaluates its last step again (a record
+        writer.drop(step, "final_eval")  # after `start` was dropped by `drop_after`)
     writer.write(step, "final_eval", result)
     writer.close()
     return result
