@@ -874,7 +874,7 @@ MUTATIONS = [
     M(
         "metrics-replayed-steps-kept",
         "tfjax/training/logger.py",
-        "            if record_step is None or record_step <= step:",
+        "            if record is None or keep(record):",
         "            if True:",
         "tests/test_disk_faults.py::test_drop_after_keeps_the_steps_up_to_the_resumed_one",
     ),

@@ -126,6 +126,26 @@ def test_resumed_writer_starts_a_new_line_after_truncation(tmp_path, caplog):
     assert "truncated" in caplog.text
 
 
+def test_drop_and_drop_after_keep_broken_lines_but_a_cut_short_last_one(tmp_path):
+    lines = [
+        '{"step": 1, "kind": "train"}',
+        "not a record",
+        '{"step": 2, "kind": "final_eval"}',
+        '{"step": 2, "kind": "train"}',
+        '{"step": 3, "kind": "fin',
+    ]
+    path = tmp_path / logger.METRICS_FILE
+    path.write_text("\n".join(lines))
+    writer = logger.MetricWriter(tmp_path)
+    assert writer.drop(2, "final_eval") == 2  # and the cut-short last line
+    assert path.read_text().splitlines() == [lines[0], lines[1], lines[3]]
+    path.write_text("\n".join(lines))
+    assert writer.drop_after(1) == 3
+    assert path.read_text().splitlines() == lines[:2]
+    path.write_text("\n".join(lines[:4]))
+    assert writer.drop(5, "train") == 0 and path.read_text().splitlines() == lines[:4]
+
+
 def test_import_is_lazy():
     """`import tfjax.training.logger` pulls in neither tensorboardX nor tqdm (fresh process)."""
     code = (

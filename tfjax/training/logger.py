@@ -21,7 +21,7 @@ import os
 import pathlib
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, SupportsFloat, SupportsIndex
 
 from tfjax.training import storage
@@ -151,8 +151,26 @@ class MetricWriter:
         was thrown away. Done in the trainer rather than in `read_metrics`, because only the
         trainer knows the step it resumed from, and a reader keeping "the last record of each
         step" would keep step 50 of the lost trajectory when the resumed run is stopped again
-        before it. The file is rewritten whole through a temporary file (nothing is lost if
-        the rewrite fails); a cut-off last line is dropped too.
+        before it. The file is rewritten as `_rewrite` says.
+        """
+        return self._rewrite(lambda record: record["step"] <= step)
+
+    def drop(self, step: int, kind: str) -> int:
+        """Removes the `kind` records of `step` from metrics.jsonl; returns how many lines went.
+
+        For a record written again at the same step (a rerun of a finished run evaluates its
+        last step once more), so that the file keeps one record per step and kind. The file is
+        rewritten as `_rewrite` says.
+        """
+        return self._rewrite(lambda record: (record["step"], record.get("kind")) != (step, kind))
+
+    def _rewrite(self, keep: Callable[[dict], bool]) -> int:
+        """Keeps the records of metrics.jsonl that `keep` accepts; returns how many lines went.
+
+        A line that is no record is kept as it was (`read_metrics` reports it), unless it is
+        the last one: cut short by a killed run, it goes too. The file is rewritten whole
+        through a temporary file (nothing is lost if the rewrite fails), and only when a line
+        goes.
         """
         if not self.enabled or not self.path.exists():
             return 0
@@ -162,36 +180,15 @@ class MetricWriter:
         lines = self.path.read_text(encoding="utf-8").splitlines()
         kept = []
         for number, line in enumerate(lines, start=1):
-            try:
-                record_step = json.loads(line)["step"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                if number == len(lines):
-                    continue  # cut short by a killed run
-                record_step = None  # kept as it was; `read_metrics` reports it
-            if record_step is None or record_step <= step:
+            record = _record(line)
+            if record is None and number == len(lines):
+                continue  # cut short by a killed run
+            if record is None or keep(record):
                 kept.append(line)
         dropped = len(lines) - len(kept)
         if dropped:
             storage.write_text_atomic(self.path, "".join(f"{line}\n" for line in kept))
         return dropped
-
-    def drop(self, step: int, kind: str) -> int:
-        """Removes the `kind` records of `step` from metrics.jsonl; returns how many.
-
-        For a record written again at the same step (a rerun of a finished run evaluates its
-        last step once more), so that the file keeps one record per step and kind. Lines that
-        are no record are kept; the file is rewritten as `drop_after` does.
-        """
-        if not self.enabled or not self.path.exists():
-            return 0
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        kept = [line for line in lines if _step_and_kind(line) != (step, kind)]
-        if len(kept) < len(lines):
-            storage.write_text_atomic(self.path, "".join(f"{line}\n" for line in kept))
-        return len(lines) - len(kept)
 
     def close(self) -> None:
         """Flushes and closes the files; a later write opens them again."""
@@ -251,13 +248,13 @@ def _import_tensorboardx() -> Any:
     return tensorboardX
 
 
-def _step_and_kind(line: str) -> tuple | None:
-    """(step, kind) of a metrics.jsonl line; None for a line that is no record."""
+def _record(line: str) -> dict | None:
+    """A metrics.jsonl line's record (a JSON object with a step); None for any other line."""
     try:
         record = json.loads(line)
-        return record["step"], record["kind"]
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except json.JSONDecodeError:
         return None
+    return record if isinstance(record, dict) and "step" in record else None
 
 
 def _decode_record(record: dict) -> dict:
