@@ -10,6 +10,7 @@ import difflib
 
 import ml_collections
 
+from experiments import config_utils
 from tfjax import errors, models
 from tfjax.data import datasets
 from tfjax.parallel import layout
@@ -122,7 +123,7 @@ def _check_key(config: ml_collections.ConfigDict, key: str, where: str) -> None:
     """Raises ConfigError naming `key` (and close matches) unless `config` has it."""
     node, done = config, []
     for part in key.split("."):
-        if done[-1:] == ["kwargs"] and isinstance(node, ml_collections.ConfigDict):
+        if config_utils.is_open(".".join(done)) and isinstance(node, ml_collections.ConfigDict):
             return  # keyword arguments of what the config names (optim.kwargs), checked there
         if not isinstance(node, ml_collections.ConfigDict) or part not in node:
             keys = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []

@@ -384,6 +384,14 @@ MUTATIONS = [
         "test_a_preset_that_sets_a_misspelt_key_is_refused_with_the_close_match",
     ),
     M(
+        "preset-kwargs-group-closed",
+        "configs/common.py",
+        '        if config_utils.is_open(".".join(done)) and',
+        "        if False and",
+        "tests/test_optax_by_name.py::"
+        "test_kwargs_are_set_by_overrides_sweeps_and_presets_and_typos_stay_refused",
+    ),
+    M(
         "scan-seeds-sweep-misspelt-key",
         "configs/scan_ablation.py",
         '"seeds": [{"seed": seed} for seed in SEEDS],',
