@@ -21,7 +21,7 @@ import hashlib
 import os
 import pathlib
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from tfjax import errors
 
@@ -158,35 +158,27 @@ def sha256(path: str | os.PathLike) -> str:
     return _sha256(path, stat.st_size, stat.st_mtime)
 
 
-def expected_sum(name: str, sums: Mapping[str, str] | None = None) -> str:
-    """The shipped SHA-256 of `name` (a path under the data directory), from `sums` if given."""
-    sums = SHA256 if sums is None else sums
-    if name not in sums:
+def expected_sum(name: str) -> str:
+    """The shipped SHA-256 of `name` (a path under the data directory)."""
+    if name not in SHA256:
         raise errors.DataError(f"{name} is not a file of a named corpus: no SHA-256 to check")
-    return sums[name]
+    return SHA256[name]
 
 
-def verify(
-    root: str | os.PathLike,
-    names: Sequence[str],
-    *,
-    fix: str = "",
-    sums: Mapping[str, str] | None = None,
-) -> None:
-    """Checks the files `names` under `root` against the shipped sums (or `sums`).
+def verify(root: str | os.PathLike, names: Sequence[str], *, fix: str = "") -> None:
+    """Checks the files `names` under `root` against the shipped sums (`SHA256`).
 
     Args:
       root: the data directory.
       names: paths under it, e.g. ["multi30k/train.en"].
       fix: what the user should do about a corrupt file (appended to the message).
-      sums: sums to check against instead of `SHA256`.
 
     Raises:
       FileNotFoundError: if a file is missing.
       tfjax.errors.DataError: if a name has no shipped sum or a file's SHA-256 differs.
     """
     for name in names:
-        expected = expected_sum(name, sums)
+        expected = expected_sum(name)
         path = pathlib.Path(root) / name
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file; the data folder is incomplete")
