@@ -45,12 +45,7 @@ import ml_collections
 from absl import flags
 
 from experiments import cli, config_utils, plot
-from experiments.sweep_summary import SEED_KEY as SEED_KEY
-from experiments.sweep_summary import format_value as format_value
-from experiments.sweep_summary import seed_summary as seed_summary
-from experiments.sweep_summary import summary_row as summary_row
-from experiments.sweep_summary import write_seed_summary as write_seed_summary
-from experiments.sweep_summary import write_summary as write_summary
+from experiments.sweep_summary import format_value, summary_row, write_summary
 from tfjax import errors
 
 FLAGS = flags.FLAGS

@@ -1,7 +1,7 @@
 """Tests for experiments/plot.py: the series collected from a sweep, the PNGs, the two modes.
 
 The fake sweep is written the way a real one is: metrics through `logger.MetricWriter`, the
-summary through `experiments.sweep.summary_row` and `write_summary`.
+summary through `experiments.sweep_summary.summary_row` and `write_summary`.
 """
 
 import math
@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from experiments import cli, plot, sweep
+from experiments import cli, plot, sweep, sweep_summary
 from tfjax import errors
 from tfjax.training import logger
 
@@ -37,11 +37,13 @@ def sweep_dir(tmp_path) -> pathlib.Path:
     """Three runs: two fine (losses spanning > 10x) and one whose loss went NaN."""
     directory = tmp_path / "lr"
     rows = [
-        sweep.summary_row(_write_run(directory, 0.01, [20.0, 8.0, 4.0, 2.0]), "ok", 3.0),
-        sweep.summary_row(_write_run(directory, 0.1, [20.0, 3.0, 1.5, 1.0]), "ok", 3.0),
-        sweep.summary_row(_write_run(directory, 10.0, [20.0, math.nan]), "failed (exit 2)", 1.0),
+        sweep_summary.summary_row(_write_run(directory, 0.01, [20.0, 8.0, 4.0, 2.0]), "ok", 3.0),
+        sweep_summary.summary_row(_write_run(directory, 0.1, [20.0, 3.0, 1.5, 1.0]), "ok", 3.0),
+        sweep_summary.summary_row(
+            _write_run(directory, 10.0, [20.0, math.nan]), "failed (exit 2)", 1.0
+        ),
     ]
-    sweep.write_summary(rows, directory)
+    sweep_summary.write_summary(rows, directory)
     return directory
 
 

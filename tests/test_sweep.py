@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from experiments import sweep
+from experiments import sweep, sweep_summary
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -114,7 +114,7 @@ def test_expand_rejects_bad_keys_before_running(spec, tmp_path):
     ],
 )
 def test_format_value(value, text):
-    assert sweep.format_value(value) == text
+    assert sweep_summary.format_value(value) == text
 
 
 def test_print_cli_prints_quoted_commands(spec, tmp_path):
@@ -178,7 +178,7 @@ def test_summary_rows_use_latest_eval_and_train(spec, tmp_path):
             {"step": 6, "kind": "final_eval", "loss": 1.5, "accuracy": 0.4},
         ],
     )
-    row = sweep.summary_row(run, "ok", 12.34)
+    row = sweep_summary.summary_row(run, "ok", 12.34)
     assert row == {
         "run": "lr0.5",
         "status": "ok",
@@ -197,7 +197,7 @@ def test_write_summary_csv_and_markdown(tmp_path):
         {"run": "lr0.5", "status": "ok", "eval/loss": 1.234567, "train/step": 6},
         {"run": "lr2.0", "status": "failed (exit 1)", "note": "a|b"},
     ]
-    csv_path, md_path = sweep.write_summary(rows, tmp_path / "out")
+    csv_path, md_path = sweep_summary.write_summary(rows, tmp_path / "out")
     with csv_path.open() as handle:
         table = list(csv.DictReader(handle))
     assert list(table[0]) == ["run", "status", "eval/loss", "train/step", "note"]
@@ -229,7 +229,7 @@ def test_seed_summary_averages_runs_that_differ_only_in_the_seed(tmp_path):
         row("alibi", 0, 0.25),
         row("alibi", 1, 0.0, "failed (exit 1)"),
     ]
-    merged = sweep.seed_summary(rows)
+    merged = sweep_summary.seed_summary(rows)
     assert [m["model.positional"] for m in merged] == ["rotary", "alibi"]
     rotary, alibi = merged
     assert rotary["seeds"] == "0,1,2" and alibi["seeds"] == "0"  # the failed run left out
@@ -239,7 +239,7 @@ def test_seed_summary_averages_runs_that_differ_only_in_the_seed(tmp_path):
     assert alibi["eval/exact_match/mean"] == 0.25 and alibi["eval/exact_match/std"] is None
     assert not any(key.startswith(("eval/step", "seconds")) for key in rotary)
 
-    sweep.write_summary(rows, tmp_path)  # a "seed" column: seeds.md beside summary.md
+    sweep_summary.write_summary(rows, tmp_path)  # a "seed" column: seeds.md beside summary.md
     assert (tmp_path / "seeds.md").read_text().splitlines() == [
         "| model.positional | seeds | eval/exact_match |",
         "|---|---|---|",
@@ -253,7 +253,7 @@ def test_seed_summary_averages_runs_that_differ_only_in_the_seed(tmp_path):
 
 
 def test_no_seed_summary_without_a_seed_column(tmp_path):
-    sweep.write_summary([{"run": "a", "status": "ok", "eval/loss": 1.0}], tmp_path)
+    sweep_summary.write_summary([{"run": "a", "status": "ok", "eval/loss": 1.0}], tmp_path)
     assert not (tmp_path / "seeds.md").exists()
 
 
