@@ -91,6 +91,18 @@ def test_every_module_of_a_lazy_package_is_an_attribute_of_it():
             assert getattr(package, child) is importlib.import_module(f"{name}.{child}")
 
 
+def test_the_map_names_every_layer_and_module():
+    """tfjax/README.md's map lists each folder of tfjax/ and each module or subpackage in one
+    (the modules of a subpackage such as `nn/attention/` are its own business)."""
+    text = (ROOT / "tfjax" / "README.md").read_text()
+    tree = text.split("```")[1]  # the map: the first block
+    layers = [p for p in sorted((ROOT / "tfjax").iterdir()) if (p / "__init__.py").is_file()]
+    names = [*_children(ROOT / "tfjax"), *(c for layer in layers for c in _children(layer))]
+    assert {"nn", "errors", "pipeline", "rendezvous", "schedules"} <= set(names)
+    missing = [name for name in names if not re.search(rf"\b{name}\b", tree)]
+    assert not missing, f"tfjax/README.md's map does not name {missing}"
+
+
 def _newest_changelog_version() -> str:
     match = re.search(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d\d-\d\d$", CHANGELOG, re.M)
     assert match, "CHANGELOG.md has no '## [X.Y.Z] - YYYY-MM-DD' section"
