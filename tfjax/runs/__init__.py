@@ -4,10 +4,10 @@
 the training loop; `workdir` is the road from a workdir to text (`Translator`, `Generator`);
 `evaluator` holds the teacher-forced evaluation and `evaluate_workdir`; `lock` locks a
 workdir, `provenance` records and checks what its checkpoints were trained with (the
-tokenizer's digest), `plan` compiles a train step ahead of time for a topology, `pretrained` converts
-Hugging Face checkpoints into workdirs and back, `vsweep` and `vsweep_state` train a sweep's
-trials as one vectorised program. The top layer of the
-library: it imports everything below it, and only `experiments/` imports it.
+tokenizer's digest), `plan` compiles a train step ahead of time for a topology, `pretrained`
+converts Hugging Face checkpoints into workdirs and back, `vsweep` and `vsweep_state` train a
+sweep's trials as one vectorised program. The top layer of the library: it imports everything
+below it, and only `experiments/` imports it.
 """
 
 from tfjax import _lazy
