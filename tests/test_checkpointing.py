@@ -499,3 +499,29 @@ def test_a_broken_checksum_program_is_not_damage(tmp_path, caplog, monkeypatch, 
         with pytest.raises(checkpointing.CheckpointRestoreError, match="checksum mismatch in"):
             checkpointer.restore(abstract, step=1)
     assert checkpointer.all_steps() == [2]
+
+
+def test_other_sums_for_arrays_sharded_across_hosts_are_damage(tmp_path, caplog, monkeypatch):
+    """With several processes no host holds a sharded array whole: the program's sums are all
+    there is, and a flipped bit there is damage (fall back), not a compilation-cache fault."""
+    with checkpointing.Checkpointer(tmp_path) as checkpointer:
+        save(checkpointer, 1)
+        save(checkpointer, 2)
+    flip_bit(tmp_path / "2")
+    monkeypatch.setattr(checksums, "_on_this_host", lambda x: False)
+    checkpointer = checkpointing.Checkpointer(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="tfjax.training.checkpointing"):
+        restored = checkpointer.restore(jax.eval_shape(lambda: make_state(0)))
+    assert restored.step == 1
+    assert "checksum mismatch in state.params['dense']['kernel']" in caplog.text
+    assert_trees_equal(restored.state, make_state(1))
+
+
+def test_a_failing_program_over_arrays_sharded_across_hosts_is_not_damage(monkeypatch):
+    state = make_state(1)
+    saved = checksums.checksums(state)
+    monkeypatch.setattr(checksums, "_on_this_host", lambda x: False)
+    checksums.verify(state, saved)  # the program's sums agree: nothing to check on the host
+    monkeypatch.setattr(checksums, "_all_checksums", _failing)
+    with pytest.raises(checksums.ProgramError, match="could not all be checked on this host"):
+        checksums.verify(state, saved)
