@@ -1244,9 +1244,16 @@ MUTATIONS = [
     M(
         "missing-tokenizer-rebuilt",
         "tfjax/data/datasets.py",
-        "trained=trained and save_tokenizer,",
-        "trained=False,",
+        "            trained=trained,\n            expected_sha256=tokenizer_sha256,",
+        "            trained=False,\n            expected_sha256=tokenizer_sha256,",
         "tests/test_bad_input.py::test_a_missing_tokenizer_is_refused_never_rebuilt",
+    ),
+    M(
+        "tokenizer-checked-by-process-0-only",
+        "tfjax/runs/build.py",
+        "    if jax.process_count() > 1:  # read only:",
+        "    if False:  # read only:",
+        "tests/test_bad_input.py::test_every_process_refuses_a_missing_tokenizer_before_waiting",
     ),
     M(
         "checkpoint-mismatch-called-damage",

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import orbax.checkpoint as ocp
 import pytest
 import tiny_runs
@@ -33,6 +34,7 @@ from tiny_runs import REVERSE
 
 from experiments import cli, config_utils, convert, evaluate, generate, translate
 from tfjax import errors
+from tfjax.parallel import distributed
 from tfjax.runs import build, lock, trainer, workdir
 from tfjax.training import checkpointing
 from tfjax.training.checkpointing import checksums, restoring
@@ -527,6 +529,22 @@ def test_a_missing_tokenizer_is_refused_never_rebuilt(trained, tool, tmp_path, c
     )
     _every_reader(tool, path, capsys, *words)
     assert not (path / "tokenizer.json").exists()
+
+
+def test_every_process_refuses_a_missing_tokenizer_before_waiting(trained, tmp_path, monkeypatch):
+    """Multi-process: process 0 alone refusing would leave the others waiting at the barrier
+    for the tokenizer it saves (until JAX aborts them), and they must not build it again."""
+    path = _copy(trained, tmp_path)
+    (path / "tokenizer.json").unlink()
+    config = config_utils.load_config("configs/base.py:tiny", RESUME)
+    barriers = []
+    monkeypatch.setattr(distributed, "barrier", barriers.append)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    for index in (0, 1):
+        monkeypatch.setattr(jax, "process_index", lambda index=index: index)
+        with pytest.raises(errors.DataError, match=r"tokenizer\.json is missing, but the checkpo"):
+            build.load_examples(config, path)
+    assert barriers == [] and not (path / "tokenizer.json").exists()
 
 
 def test_another_tokenizer_is_refused_naming_both_digests(trained, tool, tmp_path, capsys):

@@ -408,8 +408,8 @@ def load(
     `save_tokenizer=False` reads the workdir's tokenizer if it is there but never writes one
     (the other processes of a multi-process run: process 0 writes it). `trained`: the
     workdir holds checkpoints trained with its tokenizer, which must then be there (it is never
-    built again); `tokenizer_sha256`, the SHA-256 the workdir recorded for it, is checked
-    (`workdir_tokenizer.load`).
+    built again, by any process); `tokenizer_sha256`, the SHA-256 the workdir recorded for it,
+    is checked (`workdir_tokenizer.load`).
 
     With the tokenizer saved in `workdir` nothing is read here: each split is read and encoded
     when first used (`Examples.deferred`), so that opening a trained workdir to decode costs no
@@ -429,7 +429,7 @@ def load(
         saved = workdir_tokenizer.load(
             cfg.tokenizer,
             workdir,
-            trained=trained and save_tokenizer,  # the other processes may build it (see above)
+            trained=trained,
             expected_sha256=tokenizer_sha256,
         )
     if saved is not None:

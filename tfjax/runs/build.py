@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 
 from tfjax import errors, models
-from tfjax.data import datasets, pipeline, tokenizers
+from tfjax.data import datasets, pipeline, tokenizers, workdir_tokenizer
 from tfjax.inference import decoding
 from tfjax.models import partitioning
 from tfjax.nn import stacking
@@ -327,9 +327,12 @@ def load_examples(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> d
     The other processes of a multi-process run wait for it, then read the saved one (a shared
     workdir) or build the same one from the same data (a workdir on each host's own disk).
     Once the workdir holds checkpoints, its tokenizer is theirs: it must be there, is never
-    built again, and must have the SHA-256 config.json records (`provenance`).
+    built again, and must have the SHA-256 config.json records (`provenance`). Every process
+    checks that before process 0 may write anything, so a bad tokenizer stops all of them
+    alike, not process 0 alone while the others wait for it.
     """
     trained = bool(saved_steps(workdir))
+    expected = provenance.recorded_sha256(workdir, config.data.tokenizer) if trained else None
     load = functools.partial(
         datasets.load,
         datasets.DataConfig(**config.data),
@@ -338,10 +341,13 @@ def load_examples(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> d
         workdir=workdir,
         encoder_head=config.model.encoder_head,
         trained=trained,
-        tokenizer_sha256=(
-            provenance.recorded_sha256(workdir, config.data.tokenizer) if trained else None
-        ),
+        tokenizer_sha256=expected,
     )
+    if jax.process_count() > 1:  # read only: process 0 writes a new tokenizer after the barrier
+        workdir_tokenizer.load(
+            config.data.tokenizer, workdir, trained=trained, expected_sha256=expected
+        )
+        distributed.barrier("tfjax_tokenizer_checked")
     chief = jax.process_index() == 0
     examples = load() if chief else None
     distributed.barrier("tfjax_tokenizer_saved")
