@@ -7,6 +7,7 @@ SentencePiece (`tokenizer.model`) and a converted checkpoint's Hugging Face toke
 built from a few sentences of the "files" source.
 """
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -196,3 +197,43 @@ def test_new_words_in_the_training_data_warn_once_with_their_count(tmp_path, cap
     message = record.getMessage()
     assert "9 tokens of the training split are not in the workdir's tokenizer" in message
     assert "(tokenizer.json)" in message and "<unk>" in message
+
+
+def _unknown_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "training split are not in" in r.getMessage()]
+
+
+def test_unknown_tokens_of_overlapping_lm_windows_are_counted_once(tmp_path, caplog):
+    book = tmp_path / "book.txt"
+    book.write_text("the cat sat on the mat\nthe mat sat on the cat\n" * 4, encoding="utf-8")
+    (tmp_path / "test.txt").write_text("the cat sat on the mat\n", encoding="utf-8")
+    paths = {"train_path": str(book), "eval_path": str(tmp_path / "test.txt")}
+    cfg = datasets.DataConfig(name="files", **paths, max_target_len=8, lm_stride=1)
+    workdir = tmp_path / "run"
+    datasets.load(cfg, "decoder_only", seed=0, workdir=workdir)
+    # The book changed: 5 unseen words, each in up to 7 of the windows of 8 tokens at every
+    # offset.
+    book.write_text("a zebra rides a unicycle\n" + book.read_text(), encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="tfjax"):
+        assert len(datasets.load(cfg, "decoder_only", seed=0, workdir=workdir).train) > 40
+    (message,) = _unknown_warnings(caplog)
+    assert "5 tokens of the training split are not in the workdir's tokenizer" in message
+
+
+def test_an_unchanged_corpus_sentencepiece_did_not_fully_see_warns_nothing(
+    tmp_path, caplog, monkeypatch
+):
+    """SentencePiece learns from a sample of the sentences: characters of the others are
+    unknown to it, in the very corpus it was built from."""
+    from tfjax.data import tokenizers
+
+    # 400 sentences, 200 with a character of their own; SentencePiece takes at least 101.
+    pairs = [(f"{s} {chr(0x4E00 + i)}", t) for i, (s, t) in enumerate(PAIRS * 50)]
+    cfg = dataclasses.replace(_config(tmp_path, "sentencepiece", pairs), vocab_size=200)
+    workdir = tmp_path / "run"
+    monkeypatch.setattr(tokenizers, "SENTENCEPIECE_SAMPLE", 101)
+    first = datasets.load(cfg, "encoder_decoder", seed=0, workdir=workdir)
+    assert workdir_tokenizer.unknown_tokens(first.train, first.tokenizer.unk_id) > 0
+    with caplog.at_level(logging.WARNING, logger="tfjax"):
+        assert datasets.load(cfg, "encoder_decoder", seed=0, workdir=workdir).train
+    assert not _unknown_warnings(caplog)

@@ -360,11 +360,11 @@ def text_windows(ids: np.ndarray, length: int, stride: int, *, full: bool) -> li
     return examples
 
 
-def _encode(raw, fmt: str, tokenizer, cfg: DataConfig, *, train: bool, kept=None) -> list:
+def _encode(raw, fmt: str, tokenizer, cfg: DataConfig, *, train: bool, kept=None, ids=None):
     if fmt == MLM:
         return pipeline.encode_mlm(_mlm_lines(raw), tokenizer, max_len=cfg.max_source_len)
     if isinstance(raw, str):  # a text stream for a language model
-        ids = _stream_ids(raw, tokenizer)
+        ids = _stream_ids(raw, tokenizer) if ids is None else ids
         stride = (cfg.lm_stride or cfg.max_target_len - 1) if train else cfg.max_target_len - 1
         return text_windows(ids, cfg.max_target_len, stride, full=train)
     if fmt == "seq2seq":
@@ -381,9 +381,10 @@ def _encode(raw, fmt: str, tokenizer, cfg: DataConfig, *, train: bool, kept=None
     return pipeline.encode_classify(raw, tokenizer, max_len=cfg.max_source_len)
 
 
-def _train_examples(raw, fmt: str, tokenizer, cfg: DataConfig, seed: int) -> list:
-    """The encoded training split, packed if `data.pack` (pair data only)."""
-    train = _encode(raw, fmt, tokenizer, cfg, train=True)
+def _train_examples(raw, fmt: str, tokenizer, cfg: DataConfig, seed: int, ids=None) -> list:
+    """The encoded training split, packed if `data.pack` (pair data only); `ids`: a text
+    stream's tokens, if already encoded (`_stream_ids`)."""
+    train = _encode(raw, fmt, tokenizer, cfg, train=True, ids=ids)
     if cfg.pack and fmt not in ("classify", MLM) and not isinstance(raw, str):
         unpacked = len(train)
         train = packing.pack(train, cfg.packed_lengths, seed=seed)
@@ -477,12 +478,17 @@ def _encode_held_out(raw, fmt: str, tokenizer, cfg: DataConfig) -> HeldOut:
 
 def _load_train(source, cfg: DataConfig, fmt: str, tokenizer, seed: int) -> list:
     """The training split read and encoded with a saved tokenizer (`Examples.deferred`)."""
-    train = _train_examples(_read(source, cfg, fmt, seed, "train"), fmt, tokenizer, cfg, seed)
+    raw = _read(source, cfg, fmt, seed, "train")
+    ids = _stream_ids(raw, tokenizer) if isinstance(raw, str) and fmt == "lm" else None
+    train = _train_examples(raw, fmt, tokenizer, cfg, seed, ids)
     if not train:
         raise _none_fit(cfg, "no train example fits")
     logger.info("data %s: %d train examples", cfg.name, len(train))
-    if cfg.tokenizer != "pretrained":  # built from this split: it knew every token of it
-        unknown = workdir_tokenizer.unknown_tokens(train, tokenizer.unk_id)
+    # Word and character vocabularies are built from all of this split: an unknown token is
+    # new data. SentencePiece learns from a sample (`tokenizers.SENTENCEPIECE_SAMPLE`), and a
+    # pretrained tokenizer from other data: unknown tokens are expected there, not news.
+    if cfg.tokenizer in ("word", "char"):
+        unknown = workdir_tokenizer.unknown_tokens(train if ids is None else ids, tokenizer.unk_id)
         if unknown:
             logger.warning(
                 "data %s: %d tokens of the training split are not in the workdir's tokenizer "

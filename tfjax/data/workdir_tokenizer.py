@@ -123,14 +123,17 @@ def _start_afresh(kind: str, location: pathlib.Path) -> str:
     return f"no checkpoint depends on it yet: delete {location} and rerun to build a new one"
 
 
-def unknown_tokens(examples: list[dict], unk_id: int) -> int:
-    """How many of the scored tokens of `examples` (inputs and targets where their weights,
-    else segment ids, are > 0) are `unk_id`."""
+def unknown_tokens(tokens: np.ndarray | list[dict], unk_id: int) -> int:
+    """How many tokens are `unk_id`: of a text stream's ids [n] (each token once, however
+    its training windows overlap), or of the scored tokens of `examples` (inputs and targets
+    where their weights, else segment ids, are > 0; rows of one shape per field)."""
+    if isinstance(tokens, np.ndarray):
+        return int(np.count_nonzero(tokens == unk_id))
     count = 0
-    for example in examples:
-        for key in ("inputs", "targets"):
-            if key in example:
-                weights = example.get(f"{key}_weights", example.get(f"{key}_segment_ids"))
-                unknown = np.asarray(example[key]) == unk_id
-                count += int(np.sum(unknown if weights is None else unknown & (weights > 0)))
+    for key in ("inputs", "targets"):
+        if tokens and key in tokens[0]:
+            scored = f"{key}_weights" if f"{key}_weights" in tokens[0] else f"{key}_segment_ids"
+            ids = np.stack([example[key] for example in tokens])  # [N, L]
+            weights = np.stack([example[scored] for example in tokens])  # [N, L]
+            count += int(np.count_nonzero((ids == unk_id) & (weights > 0)))
     return count
