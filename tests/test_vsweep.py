@@ -6,6 +6,7 @@ like the sweep): mode "pmap" folds the device index into the dropout key, so its
 """
 
 import functools
+import hashlib
 import json
 import math
 import pathlib
@@ -161,8 +162,11 @@ def test_each_trial_logs_the_metrics_of_the_trial_trained_alone(sweep):
 def test_each_trial_workdir_is_an_ordinary_run_with_hparams(sweep):
     for trial in sweep["trials"]:
         saved = json.loads((trial.workdir / "config.json").read_text())
+        recorded = saved.pop("tokenizer_sha256")  # what a resumed group checks its tokenizer by
         assert saved == build.config_dict(trial.config)
         assert (trial.workdir / "tokenizer.json").exists() or list(trial.workdir.glob("*.model"))
+        file = trial.workdir / "tokenizer.json"
+        assert recorded == {"tokenizer.json": hashlib.sha256(file.read_bytes()).hexdigest()}
         assert list((trial.workdir / "tensorboard" / "hparams").glob("events.out.tfevents.*"))
     hparams = vsweep.hparams(sweep["trials"][2].config)
     assert hparams["optim.optimizer"] == "adamw" and hparams["seed"] == 1
@@ -668,6 +672,15 @@ def test_sigterm_before_the_first_step_stops_the_group_saving_nothing(
     assert signal.getsignal(signal.SIGTERM) is previous and not sigterm_caught  # given back
     assert not (tmp_path / "group" / "checkpoints").exists()
     assert lock.read_holder(tmp_path / "group") is None
+
+
+def test_a_resumed_group_refuses_a_missing_tokenizer_never_rebuilds_it(tmp_path):
+    """The group's checkpoints live in its own directory, not in the trials' workdirs."""
+    trials = _trials(tmp_path, {"a": [], "b": ["optim.learning_rate=0.5"]})
+    (tmp_path / "group" / "checkpoints" / "4").mkdir(parents=True)  # a group trained to step 4
+    with pytest.raises(errors.DataError, match=r"tokenizer\.json is missing, but the checkpoints"):
+        vsweep.train_trials(trials, tmp_path / "group")
+    assert not list(tmp_path.glob("*/tokenizer.json"))
 
 
 def test_a_resumed_group_drops_the_records_it_logs_again(tmp_path):

@@ -321,7 +321,9 @@ def optim_config(config: ml_collections.ConfigDict) -> optim.OptimConfig:
     return optim.OptimConfig(**fields)
 
 
-def load_examples(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> datasets.Examples:
+def load_examples(
+    config: ml_collections.ConfigDict, workdir: pathlib.Path, trained: bool | None = None
+) -> datasets.Examples:
     """The run's examples; the tokenizer is built and saved by process 0 alone.
 
     The other processes of a multi-process run wait for it, then read the saved one (a shared
@@ -329,9 +331,11 @@ def load_examples(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> d
     Once the workdir holds checkpoints, its tokenizer is theirs: it must be there, is never
     built again, and must have the SHA-256 config.json records (`provenance`). Every process
     checks that before process 0 may write anything, so a bad tokenizer stops all of them
-    alike, not process 0 alone while the others wait for it.
+    alike, not process 0 alone while the others wait for it. `trained`: whether checkpoints
+    were trained with the workdir's tokenizer (default: whether `workdir` holds any; a
+    vectorised sweep keeps its trials' checkpoints elsewhere).
     """
-    trained = bool(saved_steps(workdir))
+    trained = bool(saved_steps(workdir)) if trained is None else trained
     expected = provenance.recorded_sha256(workdir, config.data.tokenizer) if trained else None
     load = functools.partial(
         datasets.load,

@@ -177,7 +177,7 @@ class _Group:
     def __init__(self, trials: Sequence[Trial], directory: pathlib.Path):
         self.trials, self.directory = list(trials), directory
         self.config = trials[0].config
-        self.examples = vsweep_state.load_examples(self.trials)
+        self.examples = vsweep_state.load_examples(self.trials, bool(build.saved_steps(directory)))
         vocab = self.examples[self.config.seed].tokenizer.vocab_size
         self.model_config = build.make_model_config(self.config, vocab)
         self.model = models.create_model(self.model_config)
@@ -310,9 +310,7 @@ class _Loop:
                 self.status = list(data_states["status"])
             self._drop_replayed(start)
             for trial in group.trials:
-                (trial.workdir / "config.json").write_text(
-                    json.dumps(build.config_dict(trial.config), indent=2)
-                )
+                build.write_config_json(trial.workdir, trial.config)
             preemption.start()
             state, step = self._steps(state, rngs, start, preemption, checkpointer)
             preemption.release()

@@ -29,8 +29,11 @@ from tfjax.training import checkpointing, optim, steps, vectorized
 CHECKPOINTS = "checkpoints"
 
 
-def load_examples(trials: Sequence[Any]) -> dict[int, datasets.Examples]:
+def load_examples(trials: Sequence[Any], trained: bool) -> dict[int, datasets.Examples]:
     """The examples of each distinct seed; every trial's workdir gets the tokenizer.
+
+    `trained`: the group has checkpoints (in its own directory, not the trials' workdirs),
+    so each seed's tokenizer must be there and match its record (`build.load_examples`).
 
     Raises:
         tfjax.errors.ConfigError: if two seeds give tokenizers of different sizes (the
@@ -41,7 +44,7 @@ def load_examples(trials: Sequence[Any]) -> dict[int, datasets.Examples]:
         seed = trial.config.seed
         if seed not in examples:
             # Read now (a resumed sweep's are deferred): data errors before anything is written.
-            examples[seed] = build.load_examples(trial.config, trial.workdir).read()
+            examples[seed] = build.load_examples(trial.config, trial.workdir, trained).read()
             first[seed] = trial.workdir
         else:
             _copy_tokenizer(first[seed], trial.workdir)
