@@ -10,7 +10,7 @@ from typing import Any
 
 from tfjax import errors
 
-_ABSENT = object()  # a config key missing on one side of `check_compatible`
+ABSENT = object()  # a config key missing on one side of `differences`
 
 
 def check_compatible(
@@ -41,24 +41,40 @@ def check_compatible(
         CheckpointError: (a ValueError) on one line, listing each differing key with its saved
             and current value.
     """
-    saved = _flatten(saved_config.get(section, {}), section)
-    now = _flatten(config.get(section, {}), section)
-    for key, value in _flatten(defaults or {}, section).items():
-        saved.setdefault(key, value)
-    diffs = [
-        (key, saved.get(key, _ABSENT), now.get(key, _ABSENT))
-        for key in sorted((saved.keys() | now.keys()) - set(ignore))
-        if saved.get(key, _ABSENT) != now.get(key, _ABSENT)
-    ]
+    diffs = differences(saved_config, config, sections=(section,), ignore=ignore, defaults=defaults)
     if not diffs:
         return
-    changes = "; ".join(f"{key}: saved {_show(old)}, now {_show(new)}" for key, old, new in diffs)
-    flags = " ".join(f"--config.{key}={_show(old)}" for key, old, _ in diffs if old is not _ABSENT)
+    changes = "; ".join(f"{key}: saved {show(old)}, now {show(new)}" for key, old, new in diffs)
+    flags = " ".join(f"--config.{key}={show(old)}" for key, old, _ in diffs if old is not ABSENT)
     raise errors.CheckpointError(
         f"the checkpoint in this workdir was written with different `{section}` settings "
         f"({changes}): resuming would mix two runs. Pick another --workdir for the new "
         f"settings, or restore the original ones{' (' + flags + ')' if flags else ''}."
     )
+
+
+def differences(
+    saved_config: dict,
+    config: dict,
+    *,
+    sections: Collection[str],
+    ignore: Collection[str] = (),
+    defaults: dict | None = None,
+) -> list[tuple[str, Any, Any]]:
+    """(dotted key, saved value, current value) of each key of `sections` that differs, sorted
+    by key; `ABSENT` for a key on one side only. `ignore` and `defaults` (of a single section)
+    as in `check_compatible`."""
+    saved, now = {}, {}
+    for section in sections:
+        saved.update(_flatten(saved_config.get(section, {}), section))
+        now.update(_flatten(config.get(section, {}), section))
+        for key, value in _flatten(defaults or {}, section).items():
+            saved.setdefault(key, value)
+    return [
+        (key, saved.get(key, ABSENT), now.get(key, ABSENT))
+        for key in sorted((saved.keys() | now.keys()) - set(ignore))
+        if saved.get(key, ABSENT) != now.get(key, ABSENT)
+    ]
 
 
 def _flatten(tree: Any, prefix: str) -> dict[str, Any]:
@@ -71,5 +87,6 @@ def _flatten(tree: Any, prefix: str) -> dict[str, Any]:
     return flat
 
 
-def _show(value: Any) -> str:
-    return "<absent>" if value is _ABSENT else json.dumps(value)
+def show(value: Any) -> str:
+    """A config value as JSON; "<absent>" for `ABSENT`."""
+    return "<absent>" if value is ABSENT else json.dumps(value)

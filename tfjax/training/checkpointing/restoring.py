@@ -25,6 +25,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from tfjax import errors
+from tfjax.models import partitioning
 from tfjax.training.checkpointing import checksums, layout
 
 log = logging.getLogger(__name__)
@@ -114,11 +115,23 @@ class CheckpointMismatchError(CheckpointRestoreError):
         saved_config: the step's `config` item (a dict; None if it is not one).
         differences: one line per differing array, e.g. "state.params['embed']: saved
             (14, 32), this run (11, 32)".
+        shapes: the same as {"state.params['embed']": ((14, 32), (11, 32))}: (the saved
+            shape, this run's); None for the side that lacks the array (the saved shape of
+            an array this run lacks is not looked up: ()).
     """
 
-    def __init__(self, message: str, *, step: int, saved_config, differences: list[str]):
+    def __init__(
+        self,
+        message: str,
+        *,
+        step: int,
+        saved_config,
+        differences: list[str],
+        shapes: dict[str, tuple] | None = None,
+    ):
         super().__init__(message)
         self.step, self.saved_config, self.differences = step, saved_config, differences
+        self.shapes = {} if shapes is None else shapes
 
 
 class VerificationError(errors.UserError, RuntimeError):
@@ -187,19 +200,22 @@ def _check_fits(step_dir: epath.Path, step: int, target: Any, saved) -> None:
     read of arrays of another shape fails only after starting every read, which then fail
     again in the background."""
     leaves = jax.tree_util.tree_flatten_with_path(target)[0]
-    expected = {jax.tree_util.keystr(path) for path, _ in leaves}
+    expected = {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in leaves}
+    shapes = {f"state{key}": (None, expected[key]) for key in expected.keys() - saved.checksums}
+    shapes.update({f"state{key}": ((), None) for key in saved.checksums.keys() - expected})
     differences = [
-        f"state{key}: not in the checkpoint" for key in sorted(expected - saved.checksums.keys())
+        f"{key}: not in the checkpoint" if old is None else f"{key}: not in this run"
+        for key, (old, _) in sorted(
+            shapes.items(), key=lambda item: (item[1][0] is not None, item[0])
+        )
     ]
-    differences += [
-        f"state{key}: not in this run" for key in sorted(saved.checksums.keys() - expected)
-    ]
-    shapes = _saved_shapes(step_dir / layout.STATE_ITEM)
+    saved_shapes = _saved_shapes(step_dir / layout.STATE_ITEM)
     for path, leaf in leaves:
-        shape = shapes.get(_names(path))
+        shape = saved_shapes.get(partitioning.path_names(path))
         if shape is not None and shape != tuple(leaf.shape):
-            key = jax.tree_util.keystr(path)
-            differences.append(f"state{key}: saved {shape}, this run {tuple(leaf.shape)}")
+            key = f"state{jax.tree_util.keystr(path)}"
+            shapes[key] = (shape, tuple(leaf.shape))
+            differences.append(f"{key}: saved {shape}, this run {tuple(leaf.shape)}")
     if not differences:
         return
     shown = "; ".join(differences[:3]) + (
@@ -213,6 +229,7 @@ def _check_fits(step_dir: epath.Path, step: int, target: Any, saved) -> None:
         step=step,
         saved_config=saved.config if isinstance(saved.config, dict) else None,
         differences=differences,
+        shapes=shapes,
     )
 
 
@@ -227,21 +244,11 @@ def _saved_shapes(state_dir: epath.Path) -> dict[tuple[str, ...], tuple[int, ...
         return {}
     finally:
         handler.close()
-    return {_names(path): tuple(leaf.shape) for path, leaf in leaves if hasattr(leaf, "shape")}
-
-
-def _names(path) -> tuple[str, ...]:
-    """A key path as plain names: orbax's metadata keeps a state's attributes and named tuple
-    fields as dict keys, so `.opt_state[0].count` and `['opt_state'][0]['count']` match."""
-    names = []
-    for entry in path:
-        for field in ("key", "idx", "name"):  # DictKey / FlattenedIndexKey, SequenceKey, GetAttrKey
-            if hasattr(entry, field):
-                names.append(str(getattr(entry, field)))
-                break
-        else:
-            names.append(str(entry))
-    return tuple(names)
+    return {
+        partitioning.path_names(path): tuple(leaf.shape)
+        for path, leaf in leaves
+        if hasattr(leaf, "shape")
+    }
 
 
 def _check_json_items(step_dir: epath.Path) -> None:
