@@ -8,6 +8,7 @@ and `cli.report`, as `cli.main` runs them); a few also run as `python -m experim
 subprocesses, those that race a signal marked slow.
 """
 
+import copy
 import functools
 import gc
 import hashlib
@@ -35,7 +36,7 @@ from tiny_runs import REVERSE
 from experiments import cli, config_utils, convert, evaluate, generate, translate
 from tfjax import errors
 from tfjax.parallel import distributed
-from tfjax.runs import build, lock, trainer, workdir
+from tfjax.runs import build, lock, provenance, trainer, workdir
 from tfjax.training import checkpointing
 from tfjax.training.checkpointing import checksums, restoring
 
@@ -574,6 +575,38 @@ def test_a_smaller_tokenizer_is_a_mismatch_not_damaged_checkpoints(trained, tool
     words = (f"{file} (11 tokens) disagrees with them", "saved (14, 32), this run (11, 32)")
     for line in _every_reader(tool, path, capsys, *words, "not damaged"):
         assert "move them away" not in line and "could be restored" not in line
+
+
+def _mismatch(shapes: dict) -> checkpointing.CheckpointMismatchError:
+    lines = [f"{key}: saved {old}, this run {new}" for key, (old, new) in shapes.items()]
+    return checkpointing.CheckpointMismatchError(
+        "the plain message", step=2, saved_config=None, differences=lines, shapes=shapes
+    )
+
+
+def test_a_mismatch_names_only_what_changes_the_shapes(tmp_path):
+    current = build.config_dict(config_utils.load_config("configs/base.py:tiny", RESUME))
+    explain = functools.partial(
+        provenance.explain_mismatch,
+        current=current,
+        workdir=tmp_path,
+        vocab_size=11,
+        config_file=False,
+        shapes=functools.partial(build._state_shapes, vocab_size=11),
+        ignore=build.LAYOUT_KEYS,
+    )
+    saved = copy.deepcopy(current)  # settings that change no array
+    saved["optim"]["learning_rate"], saved["model"]["dropout_rate"] = 0.5, 0.3
+    embed = _mismatch({"state.params['shared_embedding']": ((14, 32), (11, 32))})
+    message = str(explain(embed, saved=saved))  # a tokenizer swap, and a new learning rate
+    assert "tokenizer.json (11 tokens) disagrees with them" in message
+    assert "learning_rate" not in message and "dropout" not in message
+    saved["model"]["num_layers"] = 2
+    message = str(explain(_mismatch({"state.params['x']": (None, (4,))}), saved=saved))
+    assert "config disagrees with them (model.num_layers: checkpoint 2, now 1)" in message
+    other = _mismatch({"state.params['x']": ((4, 32), (8, 32))})  # not vocabulary-sized
+    assert explain(other, saved=None) is other
+    assert explain(embed, saved=None) is not embed  # the tokenizer, as before
 
 
 def test_an_older_workdir_is_taken_and_recorded_by_the_next_run(

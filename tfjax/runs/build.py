@@ -587,5 +587,21 @@ def explain_mismatch(
         workdir=workdir,
         vocab_size=run.model_config.vocab_size,
         config_file=config_file,
+        shapes=functools.partial(_state_shapes, vocab_size=run.model_config.vocab_size),
         ignore=LAYOUT_KEYS,
     )
+
+
+def _state_shapes(tree: dict, vocab_size: int) -> dict[str, tuple[int, ...]] | None:
+    """{key path: shape} of the abstract train state of the config `tree` (JSON), with
+    `vocab_size` where it leaves the size to the tokenizer; None if it builds no state."""
+    try:
+        config = load_config_dict(copy.deepcopy(tree))
+        model_config = make_model_config(config, vocab_size)
+        optimizer, _ = make_optimizer(config, model_config)
+        model = models.create_model(model_config)
+        state = abstract_train_state(model, optimizer, sample_batch(config), model_config.kind)
+    except Exception:  # an invalid combination of settings: other arrays than `tree`'s
+        return None
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    return {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in leaves}

@@ -13,17 +13,19 @@ refused either way: it is never built again behind the user's back.
 
 When a checkpoint's arrays do not fit the state a run restores into
 (`checkpointing.CheckpointMismatchError`, raised before anything is read), `explain_mismatch`
-names what disagrees with the checkpoints: the config (with the keys that differ), or, when the
-config agrees and the vocabulary is the tokenizer's, the tokenizer file.
+names what disagrees with the checkpoints: the config (with the keys that differ and change the
+arrays' shapes), or, when no such key differs and only the vocabulary-sized arrays differ, the
+tokenizer file.
 """
 
 import json
 import pathlib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from tfjax import errors
 from tfjax.data import workdir_tokenizer
 from tfjax.training import checkpointing
+from tfjax.training.checkpointing import compat
 
 # config.json's record of the workdir's tokenizer: {file name: SHA-256 (hex)}.
 TOKENIZER_RECORD = "tokenizer_sha256"
@@ -59,9 +61,15 @@ def explain_mismatch(
     workdir: pathlib.Path,
     vocab_size: int,
     config_file: bool,
+    shapes: Callable[[dict], dict | None],
     ignore: Collection[str] = (),
 ) -> errors.CheckpointError:
     """The error to show for checkpoints that do not fit the run, naming what disagrees.
+
+    A differing config key is named only if it changes the arrays: if `current` with the
+    key's saved value gives other `shapes`. The tokenizer is named only if no key is and
+    every differing array differs in this run's vocabulary size alone. Otherwise `error`
+    stands as it is (it says the checkpoints are not damaged).
 
     Args:
         error: what `Checkpointer.restore` raised.
@@ -72,9 +80,11 @@ def explain_mismatch(
         vocab_size: the model's vocabulary size.
         config_file: the run's config is the workdir's config.json (the decoding tools), not
             the one a training run was given.
+        shapes: a config as JSON -> {key path: shape} of the train state it gives with this
+            run's tokenizer; None if that config cannot build one.
         ignore: dotted keys that may differ (`build.LAYOUT_KEYS`).
     """
-    changed = _differences(saved or {}, current, ignore)
+    changed = _culprits(saved, current, shapes, ignore)
     checkpoints = workdir / "checkpoints"
     head = f"the checkpoints in {checkpoints} do not fit this run (step {error.step}: "
     head += "; ".join(error.differences[:2]) + ")"
@@ -90,7 +100,7 @@ def explain_mismatch(
             f"{head}: this run's config disagrees with them ({changed}); {intact}. Rerun with "
             "their settings, or pick another --workdir for the new ones"
         )
-    elif not current["model"]["vocab_size"]:  # the vocabulary is the tokenizer's
+    elif not current["model"]["vocab_size"] and _vocabulary_sized(error.shapes, vocab_size):
         tokenizer = workdir_tokenizer.path(current["data"]["tokenizer"], workdir)
         message = (
             f"{head}: {tokenizer} ({vocab_size} tokens) disagrees with them: it is not the "
@@ -100,31 +110,42 @@ def explain_mismatch(
     else:
         return error
     return checkpointing.CheckpointMismatchError(
-        message, step=error.step, saved_config=error.saved_config, differences=error.differences
+        message,
+        step=error.step,
+        saved_config=error.saved_config,
+        differences=error.differences,
+        shapes=error.shapes,
     )
 
 
-def _differences(saved: dict, current: dict, ignore: Collection[str]) -> str:
-    """ "model.num_layers: checkpoint 2, now 1; ..." over `SECTIONS` ("" if none differ)."""
-    if not saved:
+def _culprits(saved: dict | None, current: dict, shapes, ignore: Collection[str]) -> str:
+    """ "model.num_layers: checkpoint 2, now 1; ..." for the keys of `SECTIONS` whose saved
+    value changes the train state's shapes ("" if none does)."""
+    diffs = compat.differences(saved or {}, current, sections=SECTIONS, ignore=ignore)
+    diffs = [(key, old, new) for key, old, new in diffs if compat.ABSENT not in (old, new)]
+    if not diffs:
         return ""
-    old, new = _flatten(saved), _flatten(current)
-    keys = sorted(
-        key
-        for key in old.keys() | new.keys()
-        if key.split(".")[0] in SECTIONS and key not in ignore and old.get(key) != new.get(key)
-    )
+    now = shapes(current)
+    keys = [(k, old, new) for k, old, new in diffs if shapes(_replaced(current, k, old)) != now]
     shown = [
-        f"{key}: checkpoint {json.dumps(old.get(key))}, now {json.dumps(new.get(key))}"
-        for key in keys[:4]
+        f"{key}: checkpoint {compat.show(old)}, now {compat.show(new)}" for key, old, new in keys
     ]
-    return "; ".join(shown) + (f"; {len(keys) - 4} more" if len(keys) > 4 else "")
+    return "; ".join(shown[:4]) + (f"; {len(shown) - 4} more" if len(shown) > 4 else "")
 
 
-def _flatten(tree, prefix: str = "") -> dict:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    flat = {}
-    for key, value in tree.items():
-        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else key))
-    return flat
+def _replaced(tree: dict, key: str, value) -> dict:
+    """A copy of the nested dict `tree` with the dotted `key` set to `value`."""
+    head, _, rest = key.partition(".")
+    return {**tree, head: _replaced(tree[head], rest, value) if rest else value}
+
+
+def _vocabulary_sized(shapes: dict[str, tuple], vocab_size: int) -> bool:
+    """Whether every differing array is in both the checkpoint and this run and differs only
+    in axes of this run's vocabulary size (the embedding, the output layer, their moments)."""
+    return bool(shapes) and all(
+        old is not None
+        and new is not None
+        and len(old) == len(new)
+        and all(a == b or b == vocab_size for a, b in zip(old, new, strict=True))
+        for old, new in shapes.values()
+    )
