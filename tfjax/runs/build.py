@@ -139,10 +139,9 @@ def saved_steps(workdir: str | os.PathLike) -> list[int]:
 
 def _repair(path: pathlib.Path) -> str:
     """How to repair a damaged config.json: from the copy its newest checkpoint keeps."""
-    for step in reversed(saved_steps(path.parent)):
-        copy = path.parent / "checkpoints" / str(step) / checkpointing.CONFIG_COPY
-        if copy.is_file():
-            return f"each checkpoint keeps a copy of it: cp {copy} {path}"
+    newest = checkpointing.newest_config(path.parent / "checkpoints")
+    if newest is not None:
+        return f"each checkpoint keeps a copy of it: cp {newest[0]} {path}"
     return "repair it by hand (it holds the run's resolved config)"
 
 

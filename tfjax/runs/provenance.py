@@ -90,7 +90,8 @@ def explain_mismatch(
     head += "; ".join(error.differences[:2]) + ")"
     intact = "they are not damaged, and nothing was read or changed"
     if changed and config_file:
-        copy = checkpoints / str(error.step) / checkpointing.CONFIG_COPY
+        newest = checkpointing.newest_config(checkpoints)
+        copy = newest[0] if newest else checkpoints / str(error.step) / checkpointing.CONFIG_COPY
         message = (
             f"{head}: {workdir / 'config.json'} disagrees with them ({changed}); {intact}. "
             f"Restore config.json from their copy: cp {copy} {workdir / 'config.json'}"

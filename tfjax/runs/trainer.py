@@ -23,7 +23,6 @@ process at once: JAX's shutdown would wait for the dead peer).
 
 import contextlib
 import dataclasses
-import json
 import logging
 import pathlib
 import signal
@@ -48,24 +47,18 @@ def _check_settings(config: ml_collections.ConfigDict, workdir: pathlib.Path) ->
     """Refuses a run whose model or data settings differ from those of the workdir's newest
     checkpoint (the copy of its config each keeps), before anything is built: a changed
     `data.tokenizer` is then named as such, not as a missing or damaged tokenizer."""
-    current = build.config_dict(config)
-    for step in reversed(build.saved_steps(workdir)):
-        copy = workdir / "checkpoints" / str(step) / checkpointing.CONFIG_COPY
-        try:
-            saved = json.loads(copy.read_text(encoding="utf-8"))
-        except (OSError, ValueError):  # a damaged step: the restore reports it
-            continue
-        if not isinstance(saved, dict):
-            continue
-        for section in ("model", "data"):
-            checkpointing.check_compatible(
-                saved,
-                current,
-                section=section,
-                ignore=build.LAYOUT_KEYS,
-                defaults=build.SECTION_DEFAULTS[section],
-            )
+    newest = checkpointing.newest_config(workdir / "checkpoints")
+    if newest is None:
         return
+    current = build.config_dict(config)
+    for section in ("model", "data"):
+        checkpointing.check_compatible(
+            newest[1],
+            current,
+            section=section,
+            ignore=build.LAYOUT_KEYS,
+            defaults=build.SECTION_DEFAULTS[section],
+        )
 
 
 def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path):

@@ -25,7 +25,7 @@ one. Warnings go to the logger of this package's name (and its children).
 """
 
 from tfjax.training.checkpointing.compat import check_compatible
-from tfjax.training.checkpointing.layout import CONFIG_COPY
+from tfjax.training.checkpointing.layout import CONFIG_COPY, newest_config
 from tfjax.training.checkpointing.manager import Checkpointer
 from tfjax.training.checkpointing.restoring import (
     CheckpointMismatchError,
@@ -46,4 +46,5 @@ __all__ = [
     "Restored",
     "VerificationError",
     "check_compatible",
+    "newest_config",
 ]

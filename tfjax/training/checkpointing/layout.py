@@ -8,6 +8,8 @@ makes the checkpoints of earlier runs unreadable.
 """
 
 import json
+import os
+import pathlib
 from typing import Any
 
 import jax
@@ -26,6 +28,23 @@ STATE_ITEM = "state"  # the train state's item (orbax StandardSave): `<step>/sta
 # copy of the run's config.json (the same JSON, unindented).
 JSON_FILE = "metadata"
 CONFIG_COPY = f"config/{JSON_FILE}"
+
+
+def newest_config(directory: str | os.PathLike) -> tuple[pathlib.Path, dict] | None:
+    """(its path, the config) of the newest step's `CONFIG_COPY` under `directory` that reads
+    as a JSON object; steps whose copy does not are skipped (a restore reports them). None if
+    there is none. Reads the file alone: no orbax manager is opened."""
+    directory = pathlib.Path(directory)
+    steps = [int(p.name) for p in directory.glob("*") if p.name.isdigit() and p.is_dir()]
+    for step in sorted(steps, reverse=True):
+        path = directory / str(step) / CONFIG_COPY
+        try:
+            tree = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(tree, dict):
+            return path, tree
+    return None
 
 
 def save_args(state: Any, *, rng: jax.Array, data_state: dict, config: dict) -> ocp.args.Composite:
