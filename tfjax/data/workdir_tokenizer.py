@@ -17,7 +17,7 @@ import pathlib
 import numpy as np
 
 from tfjax import errors
-from tfjax.data import pretrained_tokenizer, tokenizers
+from tfjax.data import corpora, pretrained_tokenizer, tokenizers
 
 TOKENIZER_FILE = "tokenizer.json"  # word and char vocabularies
 SENTENCEPIECE_FILE = "tokenizer.model"
@@ -47,13 +47,13 @@ def sha256(location: pathlib.Path) -> str | None:
     files' relative paths and SHA-256s, in sorted order.
     """
     if location.is_file():
-        return hashlib.sha256(location.read_bytes()).hexdigest()
+        return corpora.sha256(location)
     if not location.is_dir():
         return None
     total = hashlib.sha256()
     for file in sorted(p for p in location.rglob("*") if p.is_file()):
         total.update(f"{file.relative_to(location).as_posix()}\0".encode())
-        total.update(hashlib.sha256(file.read_bytes()).digest())
+        total.update(bytes.fromhex(corpora.sha256(file)))
     return total.hexdigest()
 
 
