@@ -2,8 +2,8 @@
 
 `build(config, workdir)` turns a resolved config into a `Run`: the model, the tokenized
 examples, the parallel strategy, the compiled train and eval steps and the abstract train state.
-`restore(config, workdir)` adds the parameters of a checkpoint. `config_dict` and
-`load_config_json` write and read the `config.json` a run keeps in its workdir. The training
+`restore(config, workdir)` adds the parameters of a checkpoint. `load_config_json` reads the
+`config.json` a run keeps in its workdir (`provenance.write_config_json` writes it). The training
 loop (`tfjax.runs.trainer`) and the decoding tools (`tfjax.runs.workdir`) both start here.
 Checkpoints written with the other `model.scan_layers` layout, or with the former Muon optimizer
 state, are converted as they are read (`layout_conversion`).
@@ -49,9 +49,9 @@ class Run:
     greedy: Any  # jitted (params, inputs, segment_ids) -> [B, L] ids, seq2seq runs only
 
 
-def config_dict(config: ml_collections.ConfigDict) -> dict:
-    """JSON-safe nested dict of a config (tuples become lists)."""
-    return json.loads(config.to_json_best_effort())
+# JSON-safe nested dict of a config; defined beside `provenance.write_config_json`, which
+# writes it, and kept here for its many callers.
+config_dict = provenance.config_dict
 
 
 # Model settings a checkpoint may differ in from the run that restores it: they change how the
@@ -121,13 +121,6 @@ def load_config_json(path: str | os.PathLike) -> ml_collections.ConfigDict:
         raise errors.ConfigError(f"{path} is not a JSON object of config groups; {_repair(path)}")
     tree.pop(provenance.TOKENIZER_RECORD, None)  # the workdir's tokenizer, not a setting
     return load_config_dict(tree)
-
-
-def write_config_json(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
-    """Writes `workdir/config.json`: the resolved config, and the SHA-256 of the workdir's
-    tokenizer that later commands check it against (`provenance.TOKENIZER_RECORD`)."""
-    tree = provenance.with_record(config_dict(config), config.data.tokenizer, workdir)
-    (workdir / "config.json").write_text(json.dumps(tree, indent=2))
 
 
 def saved_steps(workdir: str | os.PathLike) -> list[int]:
@@ -574,7 +567,10 @@ def explain_mismatch(
     config_file: bool,
 ) -> errors.CheckpointError:
     """`provenance.explain_mismatch` for `run`: names the config keys or the tokenizer file
-    that disagree with the checkpoints (`config_file`: the run's config is config.json)."""
+    that disagree with the checkpoints (`config_file`: the run's config is config.json).
+
+    It stays here, not in `provenance`, which this module imports: the arrays a config gives
+    (`_state_shapes`) are built by this module's functions, and imports may not cycle."""
     try:  # today's fields filled in, as for `current`
         saved = config_dict(load_config_dict(error.saved_config))
     except Exception:  # not a run's config (None, or another layout): compare nothing

@@ -27,7 +27,7 @@ import ml_collections
 
 from tfjax import errors, models, pretrained
 from tfjax.data import datasets, pretrained_tokenizer
-from tfjax.runs import build
+from tfjax.runs import build, provenance
 from tfjax.runs import workdir as workdir_lib
 from tfjax.training import checkpointing, steps
 
@@ -115,7 +115,7 @@ def convert(
     _write_decoding(hf_dir, workdir)
     run = build.build(config, workdir)
     _save_step0(run, workdir, params)
-    build.write_config_json(workdir, config)
+    provenance.write_config_json(workdir, config)
     return config
 
 

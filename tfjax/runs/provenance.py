@@ -22,6 +22,8 @@ import json
 import pathlib
 from collections.abc import Callable, Collection
 
+import ml_collections
+
 from tfjax import errors
 from tfjax.data import workdir_tokenizer
 from tfjax.training import checkpointing
@@ -31,6 +33,18 @@ from tfjax.training.checkpointing import compat
 TOKENIZER_RECORD = "tokenizer_sha256"
 # The config groups that decide the arrays of a train state (besides the tokenizer's size).
 SECTIONS = ("model", "optim")
+
+
+def config_dict(config: ml_collections.ConfigDict) -> dict:
+    """JSON-safe nested dict of a config (tuples become lists)."""
+    return json.loads(config.to_json_best_effort())
+
+
+def write_config_json(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
+    """Writes `workdir/config.json`: the resolved config, and the SHA-256 of the workdir's
+    tokenizer that later commands check it against (`TOKENIZER_RECORD`)."""
+    tree = with_record(config_dict(config), config.data.tokenizer, workdir)
+    (workdir / "config.json").write_text(json.dumps(tree, indent=2))
 
 
 def with_record(tree: dict, kind: str, workdir: pathlib.Path) -> dict:

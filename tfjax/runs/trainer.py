@@ -37,7 +37,7 @@ from tfjax import errors
 from tfjax.data import datasets, pipeline
 from tfjax.nn import losses
 from tfjax.parallel import distributed, strategies
-from tfjax.runs import build, evaluator, lock, pretrained
+from tfjax.runs import build, evaluator, lock, pretrained, provenance
 from tfjax.training import checkpointing, host, logger, mlm, profiling, steps, storage
 
 log = logging.getLogger(__name__)
@@ -450,7 +450,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
                 "metrics.jsonl: dropped %d records after step %d (logged again)", dropped, start
             )
         if chief:  # after the restore: a refused run leaves the workdir as it was
-            build.write_config_json(workdir, config)
+            provenance.write_config_json(workdir, config)
         loop = _Loop(run, iterator, writer, checkpointer, rng, step=start)
         with _peers_watched(loop):
             preemption.start()

@@ -34,7 +34,7 @@ import numpy as np
 
 from tfjax import errors, models
 from tfjax.data import pipeline
-from tfjax.runs import build, evaluator, lock, trainer, vsweep_state
+from tfjax.runs import build, evaluator, lock, provenance, trainer, vsweep_state
 from tfjax.training import checkpointing, logger, optim, steps, vectorized
 
 log = logging.getLogger(__name__)
@@ -310,7 +310,7 @@ class _Loop:
                 self.status = list(data_states["status"])
             self._drop_replayed(start)
             for trial in group.trials:
-                build.write_config_json(trial.workdir, trial.config)
+                provenance.write_config_json(trial.workdir, trial.config)
             preemption.start()
             state, step = self._steps(state, rngs, start, preemption, checkpointer)
             preemption.release()
