@@ -345,6 +345,9 @@ def message(error: BaseException) -> str:
         text = f"{error.filename}: {error.strerror}"  # e.g. raised by open() or mkdir()
     else:
         text = str(error) or type(error).__name__
+    restoring = sys.modules.get("tfjax.training.checkpointing.restoring")  # loaded if it raised
+    if restoring is not None and isinstance(error, restoring.VerificationError):
+        text += _compilation_cache_fix()
     if isinstance(error, flags.Error):
         required = _REQUIRED.search(text)
         if required and required.group(1) in flags.FLAGS:
@@ -353,6 +356,16 @@ def message(error: BaseException) -> str:
             text = f"missing --{name}: {what}"
         text += " (--helpshort lists the flags)"
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _compilation_cache_fix() -> str:
+    """How to get compiled programs made afresh: the cache this command uses, if any."""
+    import jax
+
+    directory = jax.config.jax_compilation_cache_dir
+    if not (jax.config.jax_enable_compilation_cache and directory):
+        return ""
+    return f"; rerun with --nocompilation_cache, or delete the compilation cache {directory}"
 
 
 def quiet_logs() -> None:

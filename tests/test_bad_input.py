@@ -463,6 +463,23 @@ def test_a_read_error_is_shown_without_the_tensorstore_repr(tmp_path, capsys, mo
     assert "TensorStore" not in line and "bound method" not in line and "spec" not in line
 
 
+def test_a_checksum_program_fault_names_the_cache_to_delete(tmp_path, capsys):
+    error = checkpointing.VerificationError("could not check checkpoint step 2: not damage")
+    names = ("jax_compilation_cache_dir", "jax_enable_compilation_cache")
+    before = {name: getattr(jax.config, name) for name in names}
+    try:
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "cache"))
+        jax.config.update("jax_enable_compilation_cache", True)
+        words = ["not damage; rerun with --nocompilation_cache", f"compilation cache {tmp_path}"]
+        _one_error(cli.report(error), capsys.readouterr().err, *words)
+        jax.config.update("jax_enable_compilation_cache", False)  # no cache in use
+        line = _one_error(cli.report(error), capsys.readouterr().err, "not damage")
+        assert "cache" not in line
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+
+
 @pytest.mark.slow
 def test_translate_command_on_a_damaged_checkpoint(trained, tmp_path):
     path = _copy(trained, tmp_path)

@@ -177,10 +177,9 @@ def restore_step(
     except checksums.ProgramError as err:
         raise VerificationError(
             f"could not check checkpoint step {step} in {directory} against its checksums: "
-            f"{err}. Its files are not known to be damaged: a compilation cache whose entries "
-            "were altered or swapped makes the program fail; rerun with --nocompilation_cache, "
-            "or delete the cache directory (--compilation_cache_dir, by default "
-            "~/.cache/tfjax/jax)"
+            f"{err}. The compiled checksum program disagrees with the host's check: a fault of "
+            "the compiled program (such as a compilation cache whose entries were altered or "
+            "swapped), not damage"
         ) from err
     for name in ("data_state", "config"):
         if not isinstance(items[name], dict):
