@@ -177,9 +177,9 @@ def restore_step(
     except checksums.ProgramError as err:
         raise VerificationError(
             f"could not check checkpoint step {step} in {directory} against its checksums: "
-            f"{err}. The compiled checksum program disagrees with the host's check: a fault of "
-            "the compiled program (such as a compilation cache whose entries were altered or "
-            "swapped), not damage"
+            f"{err}. Its files are not known to be damaged: the compiled checksum program "
+            "disagrees with the host's check, a fault of the compiled program (such as a "
+            "compilation cache whose entries were altered or swapped), not damage"
         ) from err
     for name in ("data_state", "config"):
         if not isinstance(items[name], dict):
