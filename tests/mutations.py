@@ -952,7 +952,7 @@ MUTATIONS = [
     ),
     M(
         "early-sigterm-swallowed-trains-on",
-        "tfjax/runs/trainer.py",
+        "tfjax/runs/loop.py",
         "        if self.requested:\n            raise Terminated\n        self.started = True",
         "        self.started = True",
         "tests/test_bad_input.py::"
@@ -1027,16 +1027,16 @@ MUTATIONS = [
     ),
     M(
         "startup-record-not-written",
-        "tfjax/runs/trainer.py",
-        '                self.writer.write(step, "startup", startup_record(t0 - called))\n',
+        "tfjax/runs/loop.py",
+        "                hooks.startup(step, startup_record(t0 - called))\n",
         "",
         "tests/test_trainer.py::test_resume_after_a_crash_between_saves_is_bit_exact",
     ),
     M(
         "vectorised-trials-write-no-startup-record",
         "tfjax/runs/vsweep.py",
-        '                        writer.write(step, "startup", record)\n',
-        "                        pass\n",
+        '                writer.write(step, "startup", record)\n',
+        "                pass\n",
         "tests/test_vsweep.py::test_each_trial_logs_the_metrics_of_the_trial_trained_alone",
     ),
     M(
@@ -1323,6 +1323,32 @@ MUTATIONS = [
         "",
         "tests/test_optax_by_name.py::"
         "test_a_config_json_from_before_optimizers_by_name_loads_with_empty_kwargs",
+    ),
+    # --- Issue 62: one training loop for a run and a vectorised sweep --------------------------
+    M(
+        "loop-saves-before-adjusting",
+        "tfjax/runs/loop.py",
+        "            state = hooks.adjust(state, step)\n"
+        "            if step % tcfg.checkpoint_every_steps == 0 or preemption.requested:\n"
+        "                hooks.save(state, step, pending)\n",
+        "            if step % tcfg.checkpoint_every_steps == 0 or preemption.requested:\n"
+        "                hooks.save(state, step, pending)\n"
+        "            state = hooks.adjust(state, step)\n",
+        "tests/test_loop.py::test_each_step_logs_evaluates_adjusts_and_saves_in_order",
+    ),
+    M(
+        "loop-adjusted-state-dropped",
+        "tfjax/runs/loop.py",
+        "            state = hooks.adjust(state, step)",
+        "            hooks.adjust(state, step)",
+        "tests/test_loop.py::test_each_step_logs_evaluates_adjusts_and_saves_in_order",
+    ),
+    M(
+        "loop-last-step-not-saved",
+        "tfjax/runs/loop.py",
+        "        elif self.checkpointer.latest_step() != step:",
+        "        elif False:",
+        "tests/test_loop.py::test_each_step_logs_evaluates_adjusts_and_saves_in_order",
     ),
 ]
 

@@ -91,10 +91,11 @@ ORBAX_GLOO = (
 
 @pytest.mark.parametrize("kind", [ValueError, RuntimeError, jax.errors.JaxRuntimeError])
 def test_every_collective_failure_in_the_watched_run_is_one_distributed_error(monkeypatch, kind):
+    from tfjax.runs import loop as loop_lib
     from tfjax.runs import trainer
 
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    loop = trainer._Loop.__new__(trainer._Loop)  # only its step is read
+    loop = loop_lib.Loop.__new__(loop_lib.Loop)  # only its step is read
     loop.step = 12
     with pytest.raises(errors.DistributedError) as raised, trainer._peers_watched(loop):
         raise kind(ORBAX_GLOO)

@@ -684,7 +684,7 @@ def test_a_resumed_group_refuses_a_missing_tokenizer_never_rebuilds_it(tmp_path)
 
 
 def test_a_resumed_group_drops_the_records_it_logs_again(tmp_path):
-    loop = object.__new__(vsweep._Loop)  # only its writers: no model is built
+    loop = object.__new__(vsweep._GroupHooks)  # only its writers: no model is built
     loop.writers = [logger.MetricWriter(tmp_path / name) for name in ("a", "b")]
     for writer in loop.writers:
         writer.write(1, "startup", {"compile_seconds": 1.0})
@@ -822,14 +822,14 @@ def test_a_second_sweep_is_refused_and_sigterm_ends_the_first_with_status_0(tmp_
 
 
 def test_successive_halving_stops_the_trials_with_the_higher_eval_loss(monkeypatch):
-    """`_Loop._halve` on five trials, one frozen before: of the four live ones it keeps the two
-    with the lowest eval loss and stops the others, a non-finite loss counting as the worst.
+    """`_GroupHooks._halve` on five trials, one frozen before: of the four live ones it keeps the
+    two with the lowest eval loss and stops the others, a non-finite loss counting as the worst.
     Each trial's eval loss is its one parameter (the evaluation is a stub)."""
     from tfjax.runs import evaluator
 
     losses = [0.9, 0.3, 0.1, float("nan"), 0.5]  # trial 2 is frozen already: not ranked
     monkeypatch.setattr(evaluator, "evaluate", lambda run, params, **_: {"loss": float(params)})
-    loop = object.__new__(vsweep._Loop)
+    loop = object.__new__(vsweep._GroupHooks)
     loop.group = types.SimpleNamespace(
         placement=vsweep_state.Placement(None, shared_batch=True),
         runs=[None] * 5,

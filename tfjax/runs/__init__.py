@@ -1,13 +1,13 @@
 """A run in its workdir: train one (`trainer`), or restore one and decode or evaluate it.
 
-`build` turns a config into a run (model, data, steps) and restores checkpoints; `trainer` is
-the training loop; `workdir` is the road from a workdir to text (`Translator`, `Generator`);
-`evaluator` holds the teacher-forced evaluation and `evaluate_workdir`; `lock` locks a
-workdir, `provenance` records and checks what its checkpoints were trained with (the
-tokenizer's digest), `plan` compiles a train step ahead of time for a topology, `pretrained`
-converts Hugging Face checkpoints into workdirs and back, `vsweep` and `vsweep_state` train a
-sweep's trials as one vectorised program. The top layer of the library: it imports everything
-below it, and only `experiments/` imports it.
+`build` turns a config into a run (model, data, steps) and restores checkpoints; `trainer`
+trains a run through `loop`, the training loop that a vectorised sweep's trials (`vsweep`,
+`vsweep_state`) train through too; `workdir` is the road from a workdir to text
+(`Translator`, `Generator`); `evaluator` holds the teacher-forced evaluation and
+`evaluate_workdir`; `lock` locks a workdir, `provenance` records and checks what its
+checkpoints were trained with (the tokenizer's digest), `plan` compiles a train step ahead of
+time for a topology, `pretrained` converts Hugging Face checkpoints into workdirs and back. The
+top layer of the library: it imports everything below it, and only `experiments/` imports it.
 """
 
 from tfjax import _lazy
@@ -16,6 +16,7 @@ __all__ = [
     "build",
     "evaluator",
     "lock",
+    "loop",
     "plan",
     "pretrained",
     "provenance",

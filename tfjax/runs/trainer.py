@@ -1,16 +1,20 @@
 """`train_and_evaluate(config, workdir)`: build, restore, loop (step, log, eval, save), final eval.
 
-One code path from a laptop CPU to a TPU pod (docs/design.md, "One code path from CPU to pod"). The
-run is resumable: rerunning with the same workdir restores the latest good checkpoint (state,
-dropout key, data-iterator position) and continues with exactly the batches that would have come
-next. SIGTERM (preemption) saves a checkpoint and returns; before the first step (while the run is
-built, restored and compiled) it returns at once, saving nothing, with a warning that says so. A
-workdir whose config.json is damaged is not resumed while checkpoints depend on it (the error says
-how to repair it). A non-finite loss, gradient or parameter stops the run
-(`tfjax.errors.DivergedError`) before anything is saved over the last good checkpoint: every save
-first checks the state it writes. One run at a time: the workdir is locked
-(`tfjax.runs.lock`). A new run with `train.init_from` starts from the parameters of another workdir
-or of a Hugging Face checkpoint (`tfjax.runs.pretrained`), with fresh optimizer moments.
+The loop is `tfjax.runs.loop`'s, the one a vectorised sweep's trials train through too; this
+module gives it a run's hooks (`_RunHooks`: the strategy's batches and compiled step, the run's
+records, evaluations and checkpoints, the checks that stop a diverged run).
+
+One code path from a laptop CPU to a TPU pod (docs/design.md, "One code path from CPU to pod").
+The run is resumable: rerunning with the same workdir restores the latest good checkpoint
+(state, dropout key, data-iterator position) and continues with exactly the batches that would
+have come next. SIGTERM (preemption) saves a checkpoint and returns; before the first step
+(while the run is built, restored and compiled) it returns at once, saving nothing, with a
+warning that says so. A workdir whose config.json is damaged is not resumed while checkpoints
+depend on it (the error says how to repair it). A non-finite loss, gradient or parameter stops
+the run (`tfjax.errors.DivergedError`) before anything is saved over the last good checkpoint:
+every save first checks the state it writes. One run at a time: the workdir is locked
+(`tfjax.runs.lock`). A new run with `train.init_from` starts from the parameters of another
+workdir or of a Hugging Face checkpoint (`tfjax.runs.pretrained`), with fresh optimizer moments.
 
 Multi-process runs (`tfjax.parallel.distributed`) take the same road in every process: each
 feeds its rows of every global batch, and all of them save and restore the checkpoints (orbax
@@ -25,7 +29,6 @@ import contextlib
 import dataclasses
 import logging
 import pathlib
-import signal
 import time
 
 import jax
@@ -38,7 +41,9 @@ from tfjax.data import datasets, pipeline
 from tfjax.nn import losses
 from tfjax.parallel import distributed, strategies
 from tfjax.runs import build, evaluator, lock, pretrained, provenance
-from tfjax.training import checkpointing, host, logger, mlm, profiling, steps, storage
+from tfjax.runs import loop as loop_lib
+from tfjax.runs.loop import Preemption, Terminated
+from tfjax.training import checkpointing, logger, mlm, profiling, steps, storage
 
 log = logging.getLogger(__name__)
 
@@ -89,73 +94,6 @@ def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path
     iterator.set_state(restored.data_state)
     log.info("resumed from %s at step %d", workdir / "checkpoints", restored.step)
     return restored.state, restored.rng, restored.step
-
-
-class Terminated(BaseException):
-    """SIGTERM before the training loop started (see `Preemption`).
-
-    A BaseException, as KeyboardInterrupt is, so that no `except Exception` on its way (a
-    checkpoint read that may fail) takes it for an error of its own.
-    """
-
-
-class Preemption:
-    """Turns SIGTERM into a flag the loop checks after every step (`check`).
-
-    One process: a signal handler sets it (main thread only). Several: JAX's preemption service
-    catches the SIGTERM of any process and `check` turns True in all of them at the same step.
-    With `early=True` the handler goes in before the loop, while the run is built, restored and
-    compiled: until `start()`, a SIGTERM raises `Terminated` at once (nothing is being saved
-    then), and `release()` gives SIGTERM back once the loop is over.
-    """
-
-    def __init__(self, *, early: bool = False):
-        self.requested = False
-        self.started = not early
-        self._previous = None
-        self._agreed = jax.process_count() > 1
-
-    def __enter__(self):
-        if self._agreed:
-            return self  # a handler of our own would replace JAX's
-        with contextlib.suppress(ValueError):  # not the main thread: no handler
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def check(self, step: int) -> bool:
-        """Whether to save and stop after `step` (call once per step, in every process)."""
-        if self._agreed and not self.requested and distributed.preemption_agreed(step):
-            log.warning("SIGTERM received by a process of this job: saving and stopping")
-            self.requested = True
-        return self.requested
-
-    def start(self) -> None:
-        """The loop begins: from now on a SIGTERM saves a checkpoint and stops.
-
-        Raises:
-          Terminated: when a SIGTERM came earlier but its `Terminated` never got out. The handler
-            runs wherever the main thread is, and where that is a garbage-collector callback
-            (JAX registers one) or a `__del__`, Python prints the exception and goes on.
-        """
-        if self.requested:
-            raise Terminated
-        self.started = True
-
-    def _handle(self, signum, frame):
-        if not self.started:
-            self.requested = True  # for `start`, should the exception be swallowed
-            raise Terminated
-        log.warning("SIGTERM received: saving a checkpoint and stopping")
-        self.requested = True
-
-    def release(self) -> None:
-        """Gives SIGTERM back to the handler it had before `__enter__` (once)."""
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
-
-    def __exit__(self, *exc):
-        self.release()
 
 
 _LOWER = (
@@ -222,7 +160,6 @@ def _fetch(pending: list) -> dict[str, float]:
 
 def _log_train(
     writer,
-    progress,
     pending: list,
     step: int,
     elapsed: float,
@@ -245,7 +182,6 @@ def _log_train(
     summary["tokens_per_second"] = timed.get("weight_sum", 0.0) / max(elapsed, 1e-9)
     summary["steps_per_second"] = (len(pending) - untimed) / max(elapsed, 1e-9)
     writer.write(step, "train", summary)
-    progress.update(step, summary)
     return summary
 
 
@@ -267,88 +203,54 @@ def _save(run, checkpointer, state, step: int, rng, iterator, pending: list) -> 
     )
 
 
-def startup_record(first_step: float) -> dict[str, float]:
-    """The "startup" record a run writes at its first step (and logs in one line):
-    `first_step_seconds`, the first step's call to its result (tracing, compiling or reading
-    the compilation cache, and the step), and on Linux `process_seconds`, the process's start
-    to that result (imports, data, model, restore and the first step)."""
-    record = {"first_step_seconds": first_step}
-    since_start = host.process_seconds()
-    if since_start is not None:
-        record["process_seconds"] = since_start
-    log.info(
-        "first step done in %.1f s (compile and run)%s",
-        first_step,
-        "" if since_start is None else f", {since_start:.1f} s after the process started",
-    )
-    return record
-
-
 @dataclasses.dataclass
-class _Loop:
-    """The step loop of `train_and_evaluate`: step, log, evaluate and save on schedule."""
+class _RunHooks:
+    """What the training loop (`tfjax.runs.loop`) does for one run: its batches and compiled
+    step, its records in `WORKDIR/metrics.jsonl`, its evaluations and checkpoints; a run is
+    never adjusted between steps."""
 
     run: build.Run
     iterator: pipeline.BatchIterator
     writer: logger.MetricWriter
     checkpointer: checkpointing.Checkpointer
     rng: jax.Array
-    step: int = 0  # the step started last (dispatch is asynchronous), for messages
 
-    def train(self, state, start: int, preemption: "Preemption", *, chief: bool):
-        """Steps from `start` to `train.num_train_steps` or SIGTERM: (state, step, pending),
-        tracing `train.profile_steps` into `WORKDIR/profile` (`tfjax.training.profiling`)."""
-        directory = self.writer.workdir / profiling.PROFILE_DIR
-        profile_steps = self.run.config.train.profile_steps
-        with profiling.StepTrace(profile_steps, directory, start=start, enabled=chief) as trace:
-            return self._train(state, start, preemption, trace, chief=chief)
+    def place(self, state):
+        return self.run.strategy.put_state(state)
 
-    def _train(self, state, start: int, preemption, trace: profiling.StepTrace, *, chief: bool):
-        tcfg, run = self.run.config.train, self.run
-        state = run.strategy.put_state(state)
-        progress = logger.Progress(tcfg.num_train_steps, initial_step=start, enabled=chief)
-        pending, t0, step = [], time.perf_counter(), start
-        while step < tcfg.num_train_steps and not preemption.requested:
-            batch = run.strategy.put_batch(next(self.iterator))
-            called = time.perf_counter()
-            state, metrics = run.train_step(state, batch, self.rng)
-            step = self.step = step + 1
-            preemption.check(step)
-            if step == start + 1:  # keep compilation (step and tokens) out of tokens/s
-                jax.block_until_ready(metrics)
-                t0 = time.perf_counter()
-                self.writer.write(step, "startup", startup_record(t0 - called))
-            pending.append(metrics)
-            if step % tcfg.log_every_steps == 0 or step == tcfg.num_train_steps:
-                first_window = len(pending) == step - start
-                _log_train(
-                    self.writer,
-                    progress,
-                    pending,
-                    step,
-                    time.perf_counter() - t0,
-                    self.checkpointer,
-                    untimed=1 if first_window else 0,
-                    masked_lm=_masked_lm(run),
-                )
-                pending, t0 = [], time.perf_counter()
-            if tcfg.eval_every_steps and step % tcfg.eval_every_steps == 0:
-                t0 += self._evaluate(state, step)  # evaluation time is not train time
-            if step % tcfg.checkpoint_every_steps == 0 or preemption.requested:
-                _save(run, self.checkpointer, state, step, self.rng, self.iterator, pending)
-            t0 += trace.step_done(step, state)  # nor is starting or stopping a trace
-        progress.close()
-        return state, step, pending
+    def batch(self):
+        return self.run.strategy.put_batch(next(self.iterator))
 
-    def _evaluate(self, state, step: int) -> float:
-        """Logs a periodic evaluation; returns the seconds it took."""
-        start = time.perf_counter()
+    def step(self, state, batch):
+        return self.run.train_step(state, batch, self.rng)
+
+    def startup(self, step: int, record) -> None:
+        self.writer.write(step, "startup", record)
+
+    def log(self, pending: list, step: int, t0: float, untimed: int):
+        elapsed = time.perf_counter() - t0  # dispatch is asynchronous: steps may still run
+        return _log_train(
+            self.writer,
+            pending,
+            step,
+            elapsed,
+            self.checkpointer,
+            untimed,
+            masked_lm=_masked_lm(self.run),
+        )
+
+    def evaluate(self, state, step: int) -> None:
         params = self.run.strategy.host_params(state)
         max_examples = self.run.config.train.max_eval_examples
         self.writer.write(
             step, "eval", evaluator.evaluate(self.run, params, max_examples=max_examples)
         )
-        return time.perf_counter() - start
+
+    def adjust(self, state, step: int):
+        return state
+
+    def save(self, state, step: int, pending: list) -> None:
+        _save(self.run, self.checkpointer, state, step, self.rng, self.iterator, pending)
 
 
 def train_and_evaluate(
@@ -444,24 +346,19 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
         workdir / "checkpoints", max_to_keep=config.train.keep_checkpoints
     ) as checkpointer:
         state, rng, start = _initial_state(run, checkpointer, iterator, workdir)
-        dropped = writer.drop_after(start)  # the steps this run logs again
-        if dropped:
-            log.info(
-                "metrics.jsonl: dropped %d records after step %d (logged again)", dropped, start
-            )
+        loop_lib.drop_replayed([writer], start)  # the steps this run logs again
         if chief:  # after the restore: a refused run leaves the workdir as it was
             provenance.write_config_json(workdir, config)
-        loop = _Loop(run, iterator, writer, checkpointer, rng, step=start)
+        hooks = _RunHooks(run, iterator, writer, checkpointer, rng)
+        loop = loop_lib.Loop(hooks, config.train, checkpointer, step=start, chief=chief)
+        trace = profiling.StepTrace(
+            config.train.profile_steps, workdir / profiling.PROFILE_DIR, start=start, enabled=chief
+        )
         with _peers_watched(loop):
-            preemption.start()
-            state, step, pending = loop.train(state, start, preemption, chief=chief)
-            preemption.release()  # a SIGTERM in the final save and evaluation ends the process
+            state, step = loop.run(state, start, preemption, trace)
             if preemption.requested:
-                log.warning("stopped at step %d by SIGTERM; rerun the same command to resume", step)
                 writer.close()
                 return {}
-            if checkpointer.latest_step() != step:
-                _save(run, checkpointer, state, step, rng, iterator, pending)
             result = evaluator.evaluate(
                 run,
                 run.strategy.host_params(state),
@@ -485,7 +382,7 @@ def _check_maskable(run: build.Run) -> None:
 
 
 @contextlib.contextmanager
-def _peers_watched(loop: "_Loop | None" = None):
+def _peers_watched(loop: "loop_lib.Loop | None" = None):
     """Multi-process runs: a collective failed by a dead process becomes a DistributedError.
 
     Collectives fail in more than one type: JAX's own as `JaxRuntimeError`, those orbax runs

@@ -16,6 +16,12 @@ The trial axis is sharded over the mesh axis "trial" of the available devices, a
 over "data" with the devices left over (4 trials on 8 devices: 2 data-parallel devices each).
 A trial whose loss goes non-finite is frozen and reported; `sweep.halving_steps` stops the
 worse half of the live trials (by eval loss) at each of those steps (successive halving).
+
+The group trains through the loop of a run alone (`tfjax.runs.loop`: the same order of
+stepping, logging, evaluating and saving, the same SIGTERM handling); what a group does
+differently is in its hooks, `_GroupHooks`: the batches of each seed, the vectorised step,
+the records of each live trial, freezing, halving (its `adjust`) and the group checkpoint. A
+sweep does not trace `train.profile_steps`.
 """
 
 import contextlib
@@ -34,7 +40,7 @@ import numpy as np
 
 from tfjax import errors, models
 from tfjax.data import pipeline
-from tfjax.runs import build, evaluator, lock, provenance, trainer, vsweep_state
+from tfjax.runs import build, evaluator, lock, loop, provenance, trainer, vsweep_state
 from tfjax.training import checkpointing, logger, optim, steps, vectorized
 
 log = logging.getLogger(__name__)
@@ -159,11 +165,11 @@ def train_trials(trials: Sequence[Trial], directory: str | pathlib.Path) -> list
         trainer.make_workdir(trial.workdir)
     try:
         with contextlib.ExitStack() as stack:
-            preemption = stack.enter_context(trainer.Preemption(early=True))
+            preemption = stack.enter_context(loop.Preemption(early=True))
             for path in (directory, *(trial.workdir for trial in trials)):
                 stack.enter_context(lock.held(path))
             return _Group(trials, directory).train(preemption)
-    except trainer.Terminated:
+    except loop.Terminated:
         log.warning(
             "stopped by SIGTERM before the first step: nothing new was saved; rerun the same "
             "command to resume"
@@ -172,7 +178,7 @@ def train_trials(trials: Sequence[Trial], directory: str | pathlib.Path) -> list
 
 
 class _Group:
-    """The trials' shared model, data, step and checkpoints, and the loop."""
+    """The trials' shared model, data and compiled step; `train` runs them through the loop."""
 
     def __init__(self, trials: Sequence[Trial], directory: pathlib.Path):
         self.trials, self.directory = list(trials), directory
@@ -263,15 +269,35 @@ class _Group:
         )
         return self.placement.put_state(state), dropout_rngs, 0, None
 
-    def train(self, preemption: trainer.Preemption) -> list[Outcome]:
-        return _Loop(self).run(preemption)
+    def train(self, preemption: loop.Preemption) -> list[Outcome]:
+        """Restores or starts the group, trains it to the end or a SIGTERM (`preemption`
+        saves and stops the loop, as for a run alone), evaluates each trial."""
+        with checkpointing.Checkpointer(
+            self.directory / "checkpoints", max_to_keep=self.config.train.keep_checkpoints
+        ) as checkpointer:
+            hooks = _GroupHooks(self, checkpointer)
+            state, start = hooks.restore()
+            state, step = loop.Loop(hooks, self.config.train, checkpointer).run(
+                state, start, preemption
+            )
+            if preemption.requested:
+                for writer in hooks.writers:
+                    writer.close()
+                return [
+                    Outcome(f"{PREEMPTED} at step {step}" if s == "ok" else s, {})
+                    for s in hooks.status
+                ]
+        return hooks.finish(state, step)
 
 
-class _Loop:
-    """Step, log, evaluate, halve and save on schedule (the order of `trainer`'s loop)."""
+class _GroupHooks:
+    """The trials' side of the training loop (`tfjax.runs.loop`): the batches of each seed,
+    the group's step, each trial's records in its own workdir (none after it stops), each
+    trial's evaluation, trials frozen when their loss goes non-finite, successive halving
+    (`adjust`) and the group checkpoint."""
 
-    def __init__(self, group: _Group):
-        self.group = group
+    def __init__(self, group: _Group, checkpointer: checkpointing.Checkpointer):
+        self.group, self.checkpointer = group, checkpointer
         tcfg = group.config.train
         self.tcfg = tcfg
         self.iterators = {
@@ -288,87 +314,45 @@ class _Loop:
         self.writers = [logger.MetricWriter(trial.workdir) for trial in group.trials]
         self.status = ["ok"] * len(group.trials)
         self.halving = sorted(group.config.sweep.halving_steps)
+        self.rngs = None  # the trials' dropout keys [T], once restored
 
-    def _batch(self):
+    def restore(self):
+        """(state, start step): the group restored (iterators, statuses, keys) or fresh; each
+        trial's records after `start` dropped and its config.json written."""
+        state, self.rngs, start, data_states = self.group.initial(self.checkpointer)
+        if data_states is not None:
+            for seed, iterator in self.iterators.items():
+                iterator.set_state(data_states["iterators"][str(seed)])
+            self.status = list(data_states["status"])
+        self._drop_replayed(start)
+        for trial in self.group.trials:
+            provenance.write_config_json(trial.workdir, trial.config)
+        return state, start
+
+    def _drop_replayed(self, start: int) -> None:
+        loop.drop_replayed(self.writers, start)
+
+    def place(self, state):
+        return state  # `_Group.initial` placed it
+
+    def batch(self):
         batches = {seed: next(it) for seed, it in self.iterators.items()}
         if self.group.shared_batch:
             return self.group.placement.put_batch(batches[self.group.seeds[0]])
         rows = [batches[seed] for seed in self.group.seeds]
         return self.group.placement.put_batch(jax.tree.map(lambda *x: np.stack(x), *rows))
 
-    def run(self, preemption: trainer.Preemption) -> list[Outcome]:
-        """Restores or starts the group, trains it to the end or a SIGTERM (`preemption`
-        saves and stops the loop, as in `trainer`), evaluates each trial."""
-        group, tcfg = self.group, self.tcfg
-        with checkpointing.Checkpointer(
-            group.directory / "checkpoints", max_to_keep=tcfg.keep_checkpoints
-        ) as checkpointer:
-            state, rngs, start, data_states = group.initial(checkpointer)
-            if data_states is not None:
-                for seed, iterator in self.iterators.items():
-                    iterator.set_state(data_states["iterators"][str(seed)])
-                self.status = list(data_states["status"])
-            self._drop_replayed(start)
-            for trial in group.trials:
-                provenance.write_config_json(trial.workdir, trial.config)
-            preemption.start()
-            state, step = self._steps(state, rngs, start, preemption, checkpointer)
-            preemption.release()
-            if preemption.requested:
-                log.warning("stopped at step %d by SIGTERM; rerun the same command to resume", step)
-                for writer in self.writers:
-                    writer.close()
-                return [
-                    Outcome(f"{PREEMPTED} at step {step}" if s == "ok" else s, {})
-                    for s in self.status
-                ]
-            if checkpointer.latest_step() != step:
-                self._save(checkpointer, state, rngs, step)
-        return self._finish(state, step)
+    def step(self, state, batch):
+        return self.group.step_fn(state, batch, self.rngs, self.group.hyper)
 
-    def _drop_replayed(self, start: int) -> None:
-        """Drops each trial's records after `start`, the step the group resumes from (all of
-        them when it starts afresh): the steps it logs again (`MetricWriter.drop_after`)."""
-        dropped = sum(writer.drop_after(start) for writer in self.writers)
-        if dropped:
-            log.info(
-                "metrics.jsonl: dropped %d records after step %d (logged again)", dropped, start
-            )
+    def startup(self, step: int, record) -> None:
+        for i, writer in enumerate(self.writers):
+            if self.status[i] == "ok":
+                writer.write(step, "startup", record)
 
-    def _steps(self, state, rngs, start, preemption, checkpointer):
-        tcfg, group = self.tcfg, self.group
-        progress = logger.Progress(tcfg.num_train_steps, initial_step=start)
-        pending, t0, step = [], time.perf_counter(), start
-        while step < tcfg.num_train_steps and not preemption.requested:
-            batch = self._batch()
-            called = time.perf_counter()
-            state, metrics = group.step_fn(state, batch, rngs, group.hyper)
-            step += 1
-            preemption.check(step)
-            if step == start + 1:
-                jax.block_until_ready(metrics)
-                t0 = time.perf_counter()
-                record = trainer.startup_record(t0 - called)
-                for i, writer in enumerate(self.writers):
-                    if self.status[i] == "ok":
-                        writer.write(step, "startup", record)
-            pending.append(metrics)
-            if step % tcfg.log_every_steps == 0 or step == tcfg.num_train_steps:
-                untimed = 1 if len(pending) == step - start else 0
-                self._log(progress, pending, step, t0, untimed)
-                pending, t0 = [], time.perf_counter()
-            if tcfg.eval_every_steps and step % tcfg.eval_every_steps == 0:
-                t0 += self._evaluate(state, step)
-            if step in self.halving:
-                state = self._halve(state, step)
-            if step % tcfg.checkpoint_every_steps == 0 or preemption.requested:
-                self._save(checkpointer, state, rngs, step)
-        progress.close()
-        return state, step
-
-    def _log(self, progress, pending, step, t0: float, untimed: int):
+    def log(self, pending: list, step: int, t0: float, untimed: int):
         """Writes each live trial's train record; times the steps since `t0` to their end
-        (dispatch is asynchronous: waiting for the metrics first)."""
+        (dispatch is asynchronous: waiting for the metrics first). Shows the best trial."""
         fetched = jax.device_get(pending)  # [steps] of {name: [T]}
         elapsed = time.perf_counter() - t0
         live = np.stack([m["live"] for m in fetched])  # [steps, T]
@@ -384,8 +368,7 @@ class _Loop:
             )
             writer.write(step, "train", summary)
             best = summary if best is None or summary["loss"] < best["loss"] else best
-        if best is not None:
-            progress.update(step, best)
+        return best
 
     def _frozen(self, index: int, step: int, fetched) -> None:
         self.status[index] = f"frozen at step {step} (non-finite loss)"
@@ -397,14 +380,15 @@ class _Loop:
             loss,
         )
 
-    def _evaluate(self, state, step: int) -> float:
-        begin = time.perf_counter()
+    def evaluate(self, state, step: int) -> None:
         for i, (run, writer) in enumerate(zip(self.group.runs, self.writers, strict=True)):
             if self.status[i] == "ok":
                 params = self.group.placement.trial_params(state, i)
                 result = evaluator.evaluate(run, params, max_examples=self.tcfg.max_eval_examples)
                 writer.write(step, "eval", result)
-        return time.perf_counter() - begin
+
+    def adjust(self, state, step: int):
+        return self._halve(state, step) if step in self.halving else state
 
     def _halve(self, state, step: int):
         """Successive halving: keeps the better half of the live trials by eval loss."""
@@ -427,11 +411,13 @@ class _Loop:
         mask[stop] = True
         return vectorized.freeze(state, self.group.placement.put_trials(mask))
 
-    def _save(self, checkpointer, state, rngs, step: int) -> None:
+    def save(self, state, step: int, pending: list) -> None:
+        """Saves the group (a frozen trial's non-finite state included: it is not checked)."""
         data = {str(seed): it.get_state() for seed, it in self.iterators.items()}
-        vsweep_state.save(checkpointer, self.group, state, rngs, step, data, self.status)
+        vsweep_state.save(self.checkpointer, self.group, state, self.rngs, step, data, self.status)
 
-    def _finish(self, state, step: int) -> list[Outcome]:
+    def finish(self, state, step: int) -> list[Outcome]:
+        """Each trial's final evaluation, records and hyperparameters; their outcomes."""
         outcomes = []
         for i, (trial, run, writer) in enumerate(
             zip(self.group.trials, self.group.runs, self.writers, strict=True)
