@@ -7,7 +7,7 @@ steps of a vectorised sweep), `checkpointing` (orbax, checksums and fallback), `
 (metrics.jsonl, TensorBoard, progress bar), `profiling` (a `jax.profiler` trace of chosen
 steps), `host` (host allocator tuning, libtpu on hosts without TPUs) and `storage` (a full or
 read-only disk in one line, atomic writes).
-The loop that uses them is `tfjax.runs.trainer`.
+The loop that uses them is `tfjax.runs.loop` (a run: `tfjax.runs.trainer`).
 """
 
 from tfjax import _lazy

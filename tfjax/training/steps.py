@@ -5,7 +5,7 @@ forward with dropout, cross-entropy with label smoothing (Vaswani et al. 2017, Â
 optax update. With `axis_name` (pmap) gradients and metric sums are summed over that axis; the
 loss is normalised by the global number of target tokens, so every parallel mode computes the
 same gradient as one device with the whole batch. Metrics are float32 sums and weights
-(`tfjax.nn.losses`), divided on the host at log time. The loop itself is in `tfjax.runs.trainer`.
+(`tfjax.nn.losses`), divided on the host at log time. The loop itself is in `tfjax.runs.loop`.
 Masked-LM runs pass a `tfjax.training.mlm.Masking`: the steps mask the inputs themselves and
 score only the masked positions. `unscored_id` leaves one target id out of the loss and the
 scores (`train.predict_eos=False`: EOS, for models that are not trained to end their outputs,
