@@ -36,7 +36,7 @@ from tiny_runs import REVERSE
 from experiments import cli, config_utils, convert, evaluate, generate, translate
 from tfjax import errors
 from tfjax.parallel import distributed
-from tfjax.runs import build, lock, provenance, trainer, workdir
+from tfjax.runs import build, lock, loop, provenance, trainer, workdir
 from tfjax.training import checkpointing
 from tfjax.training.checkpointing import checksums, restoring
 
@@ -633,7 +633,7 @@ def test_an_older_workdir_is_taken_and_recorded_by_the_next_run(
     _older_workdir(path)
     status, _, err = tool(translate, f"--workdir={path}", "--beam_size=1", stdin=b"s1\n")
     assert status == 0 and "error" not in err, err
-    monkeypatch.setattr(trainer._Loop, "train", _stop)  # config.json is written before it
+    monkeypatch.setattr(loop.Loop, "run", _stop)  # config.json is written before it
     with pytest.raises(_Stop):
         trainer.train_and_evaluate(config_utils.load_config("configs/base.py:tiny", RESUME), path)
     assert _recorded(path) == hashlib.sha256((path / "tokenizer.json").read_bytes()).hexdigest()
