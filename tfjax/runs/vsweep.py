@@ -183,6 +183,7 @@ class _Group:
     def __init__(self, trials: Sequence[Trial], directory: pathlib.Path):
         self.trials, self.directory = list(trials), directory
         self.config = trials[0].config
+        vsweep_state.check_trial_names(directory, self.trials)
         self.examples = vsweep_state.load_examples(self.trials, bool(build.saved_steps(directory)))
         vocab = self.examples[self.config.seed].tokenizer.vocab_size
         self.model_config = build.make_model_config(self.config, vocab)

@@ -149,13 +149,25 @@ def restore(checkpointer, abstract: vectorized.SweepState, group):
     return checkpointer.restore(abstract)
 
 
-def _check_same_trials(saved: dict, current: dict, directory) -> None:
-    names = [t["name"] for t in saved["trials"]]
-    if names != [t["name"] for t in current["trials"]]:
+def check_trial_names(directory: pathlib.Path, trials) -> None:
+    """Refuses a group directory whose newest checkpoint holds other trials, before the
+    trials' data and tokenizers are read (their workdirs may not hold any yet)."""
+    newest = checkpointing.newest_config(directory / "checkpoints")
+    if newest is not None and "trials" in newest[1]:
+        _check_names(newest[1], [t.name for t in trials], directory / "checkpoints")
+
+
+def _check_names(saved: dict, names: list[str], directory) -> None:
+    saved_names = [t["name"] for t in saved["trials"]]
+    if saved_names != names:
         raise errors.CheckpointError(
-            f"{directory} holds the checkpoints of trials {names}, not of "
-            f"{[t['name'] for t in current['trials']]}: use another --workdir for this sweep"
+            f"{directory} holds the checkpoints of trials {saved_names}, not of {names}: use "
+            "another --workdir for this sweep"
         )
+
+
+def _check_same_trials(saved: dict, current: dict, directory) -> None:
+    _check_names(saved, [t["name"] for t in current["trials"]], directory)
     for old, new in zip(saved["trials"], current["trials"], strict=True):
         for section in ("model", "data"):
             checkpointing.check_compatible(
