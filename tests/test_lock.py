@@ -129,23 +129,30 @@ def test_another_hosts_fresh_record_is_watched_then_taken_over(tmp_path):
     assert 0.5 <= waited < 5
 
 
-def test_another_hosts_live_heartbeat_is_refused(tmp_path):
-    # flock is per host on some shared filesystems: the record's heartbeat shows the run lives.
-    _write_record(tmp_path, "elsewhere", 7)
+@contextlib.contextmanager
+def _beating(path):
+    """Touches `path` every 50 ms while the block runs: another host's live heartbeat."""
     stop = threading.Event()
 
     def heartbeat():
         while not stop.wait(0.05):
-            os.utime(tmp_path / lock.LOCK_FILE)
+            os.utime(path)
 
     beating = threading.Thread(target=heartbeat)
     beating.start()
     try:
-        with pytest.raises(errors.WorkdirLockedError, match="host elsewhere, pid 7"):
-            lock.WorkdirLock(tmp_path, heartbeat_seconds=0.1, stale_seconds=2.0).acquire()
+        yield
     finally:
         stop.set()
         beating.join()
+
+
+def test_another_hosts_live_heartbeat_is_refused(tmp_path):
+    # flock is per host on some shared filesystems: the record's heartbeat shows the run lives.
+    _write_record(tmp_path, "elsewhere", 7)
+    with _beating(tmp_path / lock.LOCK_FILE):
+        with pytest.raises(errors.WorkdirLockedError, match="host elsewhere, pid 7"):
+            lock.WorkdirLock(tmp_path, heartbeat_seconds=0.1, stale_seconds=2.0).acquire()
 
 
 def test_the_holder_touches_its_record(tmp_path):
@@ -201,20 +208,9 @@ def test_another_hosts_live_record_is_not_judged_by_this_hosts_clock(tmp_path, m
     real = time.time
     monkeypatch.setattr(lock.time, "time", lambda: real() + 600.0)
     _write_record(tmp_path, "elsewhere", 7)
-    stop = threading.Event()
-
-    def heartbeat():
-        while not stop.wait(0.05):
-            os.utime(tmp_path / lock.LOCK_FILE)
-
-    beating = threading.Thread(target=heartbeat)
-    beating.start()
-    try:
+    with _beating(tmp_path / lock.LOCK_FILE):
         with pytest.raises(errors.WorkdirLockedError, match="host elsewhere, pid 7"):
             lock.WorkdirLock(tmp_path, heartbeat_seconds=0.1, stale_seconds=2.0).acquire()
-    finally:
-        stop.set()
-        beating.join()
     assert [p.name for p in tmp_path.iterdir()] == [lock.LOCK_FILE]  # the clock probe is gone
 
 
