@@ -11,10 +11,12 @@ run) into `--out`, by default the first workdir.
 run) and each run's `ROOT/SWEEP/<run>/metrics.jsonl`, and writes PNGs next to `summary.md`:
   * `curves.png`: train loss and eval loss against step, one line per run (log y when the
     losses span more than 10x); a failed run is dashed and marked "(failed)" in the legend;
-  * `final_vs_<key>.png` for each swept key whose values are numbers: the final eval loss (and
-    BLEU / exact match when the runs report them) against the value (log x when the values
-    are positive and span more than 10x). A run that failed or whose metric is NaN is a red
-    x along the top of the panel, never left out.
+  * `final_vs_<key>.png` for each swept key whose values are numbers (but `seed`): the final
+    eval loss (and BLEU / exact match when the runs report them) against the value (log x
+    when the values are positive and span more than 10x). Runs that differ only in `seed` are
+    one point, their mean with a ± sample std error bar (`seed_spreads`); one line per
+    setting of the other swept keys. A run that failed or whose metric is NaN is a red x
+    along the top of the panel, never left out.
 `experiments.sweep --plot` does the same after a sweep. Either mode prints the paths written;
 giving both or neither is a one-line usage error.
 
@@ -33,7 +35,7 @@ from collections.abc import Mapping, Sequence
 
 from absl import flags
 
-from experiments import cli
+from experiments import cli, seed_stats, sweep_advice
 from tfjax import errors, viz
 from tfjax.training import logger
 from tfjax.viz import canvas, curves
@@ -44,6 +46,7 @@ CURVES_FILE = "curves.png"
 LEARNING_CURVES_FILE = "learning_curves.png"  # the --workdir mode's picture
 # Summary columns that are not swept keys; metric columns start with "eval/" or "train/".
 _RUN_COLUMNS = ("run", "status", "seconds")
+_NOT_SWEPT = (*_RUN_COLUMNS, sweep_advice.SEED_KEY)  # seeds are averaged, not an axis
 _METRIC_PREFIXES = ("eval/", "train/")
 # Final eval metrics plotted against each swept key: loss always, the others when reported.
 FINAL_METRICS = ("loss", "bleu", "exact_match")
@@ -145,6 +148,28 @@ def final_points(
     return sorted(good), sorted(failed)
 
 
+def seed_spreads(
+    good: Sequence[tuple[float, float, str]], runs: Sequence[RunSeries], key: str
+) -> dict[str, list[tuple[float, seed_stats.Spread]]]:
+    """The good points of `final_points` merged over seeds: for each setting of the other
+    swept keys but `seed` (its label, "" when there is none), `(value of key, Spread of the
+    metric)` per value, ascending: what the panel draws as mean ± std error bars."""
+    by_name = {run.name: run for run in runs}
+    groups: dict[str, dict[float, list[float]]] = {}
+    for x, y, name in good:
+        others = by_name[name].values
+        label = ", ".join(
+            f"{k}={v}"
+            for k, v in others.items()
+            if k not in (key, *_NOT_SWEPT) and v and not k.startswith(_METRIC_PREFIXES)
+        )
+        groups.setdefault(label, {}).setdefault(x, []).append(y)
+    return {
+        label: [(x, seed_stats.spread(ys)) for x, ys in sorted(points.items())]
+        for label, points in groups.items()
+    }
+
+
 wide_positive_range = curves.wide_positive_range  # log scale: positive, max / min > 10
 
 
@@ -201,8 +226,17 @@ def draw_curves(runs: Sequence[RunSeries], path: pathlib.Path) -> pathlib.Path:
 
 def _draw_final_panel(ax, runs: Sequence[RunSeries], key: str, metric: str) -> None:
     good, failed = final_points(runs, key, metric)
-    if good:
-        ax.plot([x for x, _, _ in good], [y for _, y, _ in good], "o-", label="final eval")
+    for label, points in seed_spreads(good, runs, key).items():
+        xs, spreads = [x for x, _ in points], [s for _, s in points]
+        ax.errorbar(
+            xs,
+            [s.mean for s in spreads],
+            yerr=[s.std for s in spreads],  # 0 for one seed: no bar
+            fmt="o-",
+            capsize=4,
+            label=(label or "final eval")
+            + (" (mean ± std over seeds)" if any(s.n > 1 for s in spreads) else ""),
+        )
     if failed:
         # Along the top edge (x in data, y in axes coordinates): there is no value to show.
         top = [0.95] * len(failed)
@@ -256,6 +290,8 @@ def plot_sweep(directory: str | pathlib.Path) -> list[pathlib.Path]:
     paths = [draw_curves(runs, directory / CURVES_FILE)]
     metrics = final_metrics(rows)
     for key in numeric_keys(rows):
+        if key == sweep_advice.SEED_KEY:
+            continue  # averaged into error bars on the other keys' panels
         paths.append(draw_final(runs, key, metrics, directory / _file_name(key)))
     return paths
 

@@ -23,10 +23,10 @@ and no table is written.
 import dataclasses
 import json
 import pathlib
-import statistics
 import sys
 from collections.abc import Sequence
 
+from experiments import seed_stats
 from tfjax import errors
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -271,10 +271,11 @@ class Summary:
 def summarize(row: str, records: list[dict]) -> Summary:
     values = [float(r["metrics"][ROWS[row].metric]) for r in records]
     seconds = tuple(float(r["wall_s"]["train"]) for r in records)
+    spread = seed_stats.spread(values)
     return Summary(
-        mean=statistics.fmean(values),
-        std=statistics.stdev(values) if len(values) > 1 else 0.0,
-        n=len(values),
+        mean=spread.mean,
+        std=spread.std,
+        n=spread.n,
         train_seconds=seconds,
         transcribed=any(r.get("provenance") == "transcribed" for r in records),
         seeds=tuple(r["seed"] for r in records),

@@ -16,9 +16,12 @@ failed run is recorded and the next one starts. After each run `ROOT/NAME/summar
 `summary.md` are rewritten with one row per run (`experiments.sweep_summary`): its overrides,
 status, wall time, and the latest evaluation and train metrics from its `metrics.jsonl`. When
 runs differ in `seed`, `seeds.csv` and `seeds.md` merge those that differ only in it: each
-metric's mean ± sample standard deviation over the seeds (the seed tables of docs/results.md
-come from these). `--plot`
-then draws loss curves and final metrics against each swept value next to them
+metric's mean ± sample standard deviation over the seeds and n (the seed tables of
+docs/results.md come from these). `summary.md` ends with "Is the sweep done?", which the sweep
+also prints at its end (`experiments.sweep_advice`): the best setting, every numeric swept key
+whose best value is at the edge of its range with the next range to try, and whether the best
+and the runner-up are separable (Welch's t-test, p < 0.05). `--plot` then draws loss curves
+and final metrics against each swept value next to them, seeds as error bars
 (`experiments.plot`, which needs the `viz` extra; checked before the first run starts). The
 exit status is 1 when a run failed, 2 (with one line `error: ...`) when the sweep itself cannot
 start (an unknown sweep, a bad override, another sweep running in `ROOT/NAME`: the sweep holds
@@ -44,13 +47,12 @@ from collections.abc import Mapping, Sequence
 import ml_collections
 from absl import flags
 
-from experiments import cli, config_utils, plot
-from experiments.sweep_summary import format_value, summary_row, write_summary
+from experiments import cli, config_utils, plot, sweep_summary
+from experiments.sweep_summary import PREEMPTED, format_value, summary_row, write_summary
 from tfjax import errors
 
 FLAGS = flags.FLAGS
 DEFAULT_ROOT = "runs/sweeps"
-PREEMPTED = "preempted"  # a row's status after a SIGTERM (as tfjax.runs.vsweep.PREEMPTED)
 VECTORIZED_PREFIX = "_vectorized-"  # ROOT/SWEEP/_vectorized-K: group K's checkpoints
 TRAIN_MODULE = "experiments.train"
 # Short names for common fields in run names; other fields use their last key component.
@@ -333,16 +335,6 @@ def extract(runs: Sequence[Run], directory: str | pathlib.Path, name: str) -> in
     )
 
 
-def _failed(rows: Sequence[Mapping[str, object]]) -> list[str]:
-    """Runs that failed or went non-finite (a trial stopped by halving or a run stopped by a
-    SIGTERM did not fail)."""
-    return [
-        str(r["run"])
-        for r in rows
-        if r["status"] != "ok" and not str(r["status"]).startswith(("stopped", PREEMPTED))
-    ]
-
-
 def run_sweep(runs: Sequence[Run], directory: pathlib.Path, vectorize: bool) -> list[dict]:
     """Runs the sweep (vectorised or one run after another) holding the lock of its
     directory, so that a second sweep there stops before writing anything.
@@ -383,22 +375,15 @@ def main(argv: Sequence[str], overrides: Sequence[str]) -> int:
     # Config files older than the `sweep` group (or written by hand) have none: not vectorised.
     vectorize = FLAGS.vectorize or bool(config and "sweep" in config and config.sweep.vectorize)
     rows = run_sweep(runs, directory, vectorize)
-    failed = _failed(rows)
-    preempted = [r for r in rows if str(r["status"]).startswith(PREEMPTED)]
-    print(
-        f"summary: {directory / 'summary.md'} ({len(rows) - len(failed) - len(preempted)} "
-        f"ok, {len(failed)} failed{': ' + ', '.join(map(str, failed)) if failed else ''}"
-        + (f", {len(preempted)} preempted" if preempted else "")
-        + ")"
-    )
-    if preempted:
+    print("\n".join(sweep_summary.closing_lines(rows, directory)))
+    if sweep_summary.preempted(rows):
         logging.getLogger(__name__).warning(
             "the sweep was stopped by SIGTERM; rerun the same command to resume it"
         )
     elif FLAGS.plot:
         for path in plot.plot_sweep(directory):
             print(f"plot: {path}")
-    return 1 if failed else 0
+    return 1 if sweep_summary.failed(rows) else 0
 
 
 def _define_flags() -> None:

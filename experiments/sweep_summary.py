@@ -1,25 +1,26 @@
-"""A sweep's summaries: one row per run (`summary.csv`, `summary.md`) and the runs that differ
-only in their seed merged (`seeds.csv`, `seeds.md`), written by `experiments.sweep`.
+"""A sweep's reporting: one row per run (`summary.csv`, `summary.md`), the runs that differ
+only in their seed merged (`seeds.csv`, `seeds.md`), and the lines the sweep prints at its end;
+written by `experiments.sweep`, which only expands and runs.
 
 A row holds the run's name, status, overrides, wall time, and the latest evaluation and train
 metrics of its `metrics.jsonl`; `format_value` writes a config value as the sweep's run names,
-commands and summaries show it.
+commands and summaries show it. `summary.md` ends with "Is the sweep done?"
+(`experiments.sweep_advice`: the best setting, edges of the ranges swept, the next range,
+whether best and runner-up are separable); the statistics are `experiments.seed_stats`.
 """
 
 import csv
-import math
 import pathlib
-import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from experiments import sweep_advice
 from tfjax.training import logger
 
 # The latest of either kind is the run's final evaluation (the trainer ends with "final_eval").
 _EVAL_KINDS = ("eval", "final_eval")
-SEED_KEY = "seed"  # runs that differ only in it are averaged in seeds.md
-_NOT_SETTINGS = ("run", "status", "seconds", SEED_KEY)
-_METRIC_PREFIXES = ("eval/", "train/")
+SEED_KEY = sweep_advice.SEED_KEY  # runs that differ only in it are averaged in seeds.md
+PREEMPTED = "preempted"  # a row's status after a SIGTERM (as tfjax.runs.vsweep.PREEMPTED)
 
 
 def format_value(value: object) -> str:
@@ -47,10 +48,6 @@ def summary_row(run: Any, status: str, seconds: float | None = None) -> dict[str
         if latest is not None:
             row.update({f"{prefix}/{k}": v for k, v in latest.items() if k != "kind"})
     return row
-
-
-def _columns(rows: Sequence[Mapping[str, object]]) -> list[str]:
-    return list(dict.fromkeys(key for row in rows for key in row))
 
 
 def _markdown_cell(value: object) -> str:
@@ -84,54 +81,37 @@ def write_summary(
     """
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    columns = _columns(rows)
+    columns = sweep_advice.columns(rows)
     csv_path, md_path = directory / "summary.csv", directory / "summary.md"
     _write_csv(csv_path, rows, columns)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         lines.append("| " + " | ".join(_markdown_cell(row.get(c)) for c in columns) + " |")
+    advice = sweep_advice.report(rows)
+    lines += ["", *advice] if advice else []
     md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     if any(SEED_KEY in row for row in rows):
         write_seed_summary(rows, directory)
     return csv_path, md_path
 
 
-def _is_metric(column: str) -> bool:
-    return column.startswith(("eval/", "train/")) and not column.endswith("/step")
-
-
-def _float(value: object) -> float | None:
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def seed_summary(rows: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
-    """Rows that differ only in `seed` merged: their count and each metric's mean and sample
-    standard deviation (n - 1; empty for one seed), over the runs with status "ok".
+    """Rows that differ only in `seed` merged (`sweep_advice.settings`, runs with status "ok"):
+    their seeds, their count and each metric's mean and sample standard deviation (n - 1;
+    empty for one seed).
 
     A row per setting of the other overrides, in first-seen order: those overrides, `seeds`
-    (the seeds averaged, e.g. "0,1,2"), and `<metric>/mean`, `<metric>/std` for every
-    `eval/...` and `train/...` metric.
+    (the seeds averaged, e.g. "0,1,2"), `n` (how many), and `<metric>/mean`, `<metric>/std`
+    for every `eval/...` and `train/...` metric.
     """
-    columns = _columns(rows)
-    metrics = [c for c in columns if _is_metric(c)]
-    settings = [c for c in columns if c not in _NOT_SETTINGS and not c.startswith(_METRIC_PREFIXES)]
-    groups: dict[tuple, list[Mapping[str, object]]] = {}
-    for row in rows:
-        if row.get("status") == "ok":
-            groups.setdefault(tuple(row.get(c) for c in settings), []).append(row)
     merged = []
-    for key, members in groups.items():
-        out: dict[str, object] = {c: v for c, v in zip(settings, key, strict=True) if v is not None}
-        out["seeds"] = ",".join(str(m.get(SEED_KEY, "")) for m in members)
-        for metric in metrics:
-            values = [v for v in (_float(m.get(metric)) for m in members) if v is not None]
-            if values:
-                out[f"{metric}/mean"] = statistics.fmean(values)
-                out[f"{metric}/std"] = statistics.stdev(values) if len(values) > 1 else None
+    for setting in sweep_advice.settings(rows):
+        out: dict[str, object] = dict(setting.overrides)
+        out["seeds"] = ",".join(setting.seeds)
+        out["n"] = len(setting.seeds)
+        for metric, spread in setting.metrics.items():
+            out[f"{metric}/mean"] = spread.mean
+            out[f"{metric}/std"] = spread.std if spread.n > 1 else None
         merged.append(out)
     return merged
 
@@ -143,7 +123,7 @@ def write_seed_summary(
     "mean ± std" to 4 significant digits."""
     directory = pathlib.Path(directory)
     merged = seed_summary(rows)
-    columns = _columns(merged)
+    columns = sweep_advice.columns(merged)
     csv_path, md_path = directory / "seeds.csv", directory / "seeds.md"
     _write_csv(csv_path, merged, columns)
     shown = [c for c in columns if not c.endswith(("/mean", "/std"))]
@@ -163,3 +143,31 @@ def write_seed_summary(
         lines.append("| " + " | ".join(cells) + " |")
     md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return csv_path, md_path
+
+
+def failed(rows: Sequence[Mapping[str, object]]) -> list[str]:
+    """Runs that failed or went non-finite (a trial stopped by halving or a run stopped by a
+    SIGTERM did not fail)."""
+    return [
+        str(r["run"])
+        for r in rows
+        if r["status"] != "ok" and not str(r["status"]).startswith(("stopped", PREEMPTED))
+    ]
+
+
+def preempted(rows: Sequence[Mapping[str, object]]) -> list[str]:
+    """Runs that a SIGTERM stopped or kept from starting."""
+    return [str(r["run"]) for r in rows if str(r["status"]).startswith(PREEMPTED)]
+
+
+def closing_lines(rows: Sequence[Mapping[str, object]], directory: pathlib.Path) -> list[str]:
+    """What the sweep prints at its end: where the summary is with the counts of runs ok,
+    failed (named) and preempted, then the summary's "Is the sweep done?" section
+    (`sweep_advice.report`)."""
+    bad, stopped = failed(rows), preempted(rows)
+    counts = (
+        f"{len(rows) - len(bad) - len(stopped)} ok, {len(bad)} failed"
+        + (": " + ", ".join(bad) if bad else "")
+        + (f", {len(stopped)} preempted" if stopped else "")
+    )
+    return [f"summary: {directory / 'summary.md'} ({counts})", *sweep_advice.report(rows)]

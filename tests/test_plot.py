@@ -248,3 +248,48 @@ def test_cli_modes_and_missing_workdirs_are_one_line(sweep_dir, tmp_path):
         f"error: workdir {missing} does not exist: train a run there first "
         f"(python -m experiments.train --config=FILE --workdir={missing})"
     ]
+
+
+def test_seeds_are_merged_into_mean_and_std_per_value():
+    runs = [
+        _run("a0", "ok", **{KEY: "0.1", "seed": "0", "eval/loss": "2.0"}),
+        _run("a1", "ok", **{KEY: "0.1", "seed": "1", "eval/loss": "3.0"}),
+        _run("b0", "ok", **{KEY: "1.0", "seed": "0", "eval/loss": "1.0"}),
+        _run("c0", "ok", **{KEY: "1.0", "seed": "0", "model.num_layers": "2", "eval/loss": "5.0"}),
+    ]
+    good, _ = plot.final_points(runs, KEY, "loss")
+    spreads = plot.seed_spreads(good, runs, KEY)
+    assert list(spreads) == ["", "model.num_layers=2"]
+    (x0, first), (x1, second) = spreads[""]
+    # 0.1: mean (2 + 3) / 2 = 2.5, sample std sqrt(((-0.5)^2 + 0.5^2) / 1) = 0.7071, n 2.
+    assert (x0, first.mean, first.n) == (0.1, 2.5, 2)
+    assert first.std == pytest.approx(math.sqrt(0.5))
+    assert (x1, second.mean, second.std, second.n) == (1.0, 1.0, 0.0, 1)
+    assert [(x, s.mean) for x, s in spreads["model.num_layers=2"]] == [(1.0, 5.0)]
+
+
+def test_a_seed_axis_draws_error_bars_and_no_panel_of_its_own(tmp_path, monkeypatch):
+    from matplotlib import axes
+
+    directory, rows = tmp_path / "lr", []
+    for lr in (0.01, 0.1):
+        for seed in (0, 1):
+            name = f"lr{lr}-seed{seed}"
+            with logger.MetricWriter(directory / name) as writer:
+                writer.write(2, "final_eval", {"loss": 1.0 + lr + seed})
+            run = sweep.Run(name, directory / name, {KEY: lr, "seed": seed}, ["python"])
+            rows.append(sweep_summary.summary_row(run, "ok", 1.0))
+    sweep_summary.write_summary(rows, directory)
+    bars = []
+    original = axes.Axes.errorbar
+    monkeypatch.setattr(
+        axes.Axes,
+        "errorbar",
+        lambda self, x, y, **kw: bars.append((x, y, kw["yerr"])) or original(self, x, y, **kw),
+    )
+    paths = plot.plot_sweep(directory)
+    assert paths == [directory / "curves.png", directory / f"final_vs_{KEY}.png"]  # no seed
+    # Each learning rate: losses 1 + lr and 2 + lr: mean 1.5 + lr, std sqrt(0.5).
+    ((xs, means, stds),) = bars
+    assert xs == [0.01, 0.1] and means == pytest.approx([1.51, 1.6])
+    assert stds == pytest.approx([math.sqrt(0.5)] * 2)

@@ -202,12 +202,14 @@ def test_write_summary_csv_and_markdown(tmp_path):
         table = list(csv.DictReader(handle))
     assert list(table[0]) == ["run", "status", "eval/loss", "train/step", "note"]
     assert table[0]["eval/loss"] == "1.234567" and table[1]["eval/loss"] == ""
-    assert md_path.read_text().splitlines() == [
+    lines = md_path.read_text().splitlines()
+    assert lines[:4] == [
         "| run | status | eval/loss | train/step | note |",
         "|---|---|---|---|---|",
         "| lr0.5 | ok | 1.235 | 6 |  |",
         "| lr2.0 | failed (exit 1) |  |  | a\\|b |",
     ]
+    assert lines[4:6] == ["", "## Is the sweep done?"]  # experiments.sweep_advice.report
 
 
 def test_seed_summary_averages_runs_that_differ_only_in_the_seed(tmp_path):
@@ -233,6 +235,7 @@ def test_seed_summary_averages_runs_that_differ_only_in_the_seed(tmp_path):
     assert [m["model.positional"] for m in merged] == ["rotary", "alibi"]
     rotary, alibi = merged
     assert rotary["seeds"] == "0,1,2" and alibi["seeds"] == "0"  # the failed run left out
+    assert (rotary["n"], alibi["n"]) == (3, 1)
     # mean (0.5 + 0.7 + 0.9) / 3; sample std sqrt(((-0.2)^2 + 0 + 0.2^2) / (3 - 1)) = 0.2
     assert rotary["eval/exact_match/mean"] == pytest.approx(0.7)
     assert rotary["eval/exact_match/std"] == pytest.approx(0.2)
@@ -241,10 +244,10 @@ def test_seed_summary_averages_runs_that_differ_only_in_the_seed(tmp_path):
 
     sweep_summary.write_summary(rows, tmp_path)  # a "seed" column: seeds.md beside summary.md
     assert (tmp_path / "seeds.md").read_text().splitlines() == [
-        "| model.positional | seeds | eval/exact_match |",
-        "|---|---|---|",
-        "| rotary | 0,1,2 | 0.7 ± 0.2 |",
-        "| alibi | 0 | 0.25 |",
+        "| model.positional | seeds | n | eval/exact_match |",
+        "|---|---|---|---|",
+        "| rotary | 0,1,2 | 3 | 0.7 ± 0.2 |",
+        "| alibi | 0 | 1 | 0.25 |",
     ]
     with (tmp_path / "seeds.csv").open() as handle:
         assert float(next(iter(csv.DictReader(handle)))["eval/exact_match/std"]) == pytest.approx(
@@ -428,4 +431,4 @@ def test_preempted_runs_are_not_failures():
         {"run": "c", "status": "stopped at step 2 (successive halving, eval loss 1)"},
         {"run": "d", "status": "failed (exit 2)"},
     ]
-    assert sweep._failed(rows) == ["d"]
+    assert sweep_summary.failed(rows) == ["d"]

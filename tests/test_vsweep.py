@@ -414,7 +414,7 @@ def test_run_vectorized_trains_groups_in_turn_and_keeps_the_sweep_order(
         "failed (bad value)",
         "frozen at step 3 (non-finite loss)",
     ]
-    assert sweep_cli._failed(rows) == ["b", "c"]
+    assert sweep_cli.sweep_summary.failed(rows) == ["b", "c"]
     assert "differ in model.num_layers" in capsys.readouterr().out
     assert (tmp_path / "summary.md").read_text().count("\n") == 5  # header, rule, 3 rows
 
@@ -735,7 +735,7 @@ def test_a_preempted_group_stops_the_sweep_and_a_busy_root_writes_nothing(tmp_pa
         ("b", "preempted (not started)"),
         ("c", "preempted at step 6"),
     ]
-    assert sweep_cli._failed(rows) == []
+    assert sweep_cli.sweep_summary.failed(rows) == []
     assert (tmp_path / "lr" / "summary.md").read_text().count("| preempted") == 3
 
 
