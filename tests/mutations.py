@@ -843,10 +843,24 @@ MUTATIONS = [
     ),
     M(
         "seed-summary-pstdev",
-        "experiments/sweep_summary.py",
-        "statistics.stdev(values) if len(values) > 1 else None",
-        "statistics.pstdev(values) if len(values) > 1 else None",
+        "experiments/seed_stats.py",
+        "statistics.stdev(values) if len(values) > 1 else 0.0",
+        "statistics.pstdev(values) if len(values) > 1 else 0.0",
         "tests/test_sweep.py::test_seed_summary_averages_runs_that_differ_only_in_the_seed",
+    ),
+    M(
+        "sweep-edge-warning-inverted",
+        "experiments/sweep_advice.py",
+        'side = "lowest" if value == values[0] else "highest" if value == values[-1] else None',
+        'side = None if value in (values[0], values[-1]) else "highest"',
+        "tests/test_sweep_advice.py",
+    ),
+    M(
+        "sweep-separable-comparison-flipped",
+        "experiments/seed_stats.py",
+        "        return self.p < ALPHA",
+        "        return self.p > ALPHA",
+        "tests/test_sweep_advice.py",
     ),
     # Opening a workdir
     M(
