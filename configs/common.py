@@ -6,7 +6,6 @@ every key exists in the file (docs/design.md, "Configs").
 """
 
 import dataclasses
-import difflib
 
 import ml_collections
 
@@ -16,13 +15,9 @@ from tfjax.data import datasets
 from tfjax.parallel import layout
 from tfjax.training import optim
 
-# The paper's big model (Vaswani et al. 2017, Table 3), for every experiment file.
-BIG = {
-    "model.embed_dim": 1024,
-    "model.mlp_dim": 4096,
-    "model.num_heads": 16,
-    "model.dropout_rate": 0.3,
-}
+# The paper's big model (Vaswani et al. 2017, Table 3), for every experiment file: the
+# library's `tfjax.models.PRESETS["big"]` as dotted `model.` keys.
+BIG = {f"model.{field}": value for field, value in models.PRESETS["big"].items()}
 
 # Seconds on a CPU: what the tests run. Each file adds its layer counts and data sizes.
 TINY = {
@@ -114,27 +109,9 @@ def apply_preset(
     if name not in presets:
         raise errors.ConfigError(f"unknown preset {name!r}; choose one of {sorted(presets)}")
     for key in presets[name]:  # update_from_flattened_dict would add a misspelt key silently
-        _check_key(config, key, f"preset {name!r}")  # but in a `kwargs` group, which takes any
+        config_utils.check_key(config, key, f"preset {name!r}")
     config.update_from_flattened_dict(presets[name])
     return config
-
-
-def _check_key(config: ml_collections.ConfigDict, key: str, where: str) -> None:
-    """Raises ConfigError naming `key` (and close matches) unless `config` has it."""
-    node, done = config, []
-    for part in key.split("."):
-        if config_utils.is_open(".".join(done)) and isinstance(node, ml_collections.ConfigDict):
-            return  # keyword arguments of what the config names (optim.kwargs), checked there
-        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-            keys = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-            close = difflib.get_close_matches(part, keys, n=3, cutoff=0.6)
-            hint = (
-                f"; did you mean {', '.join(repr('.'.join([*done, c])) for c in close)}"
-                if close
-                else ""
-            )
-            raise errors.ConfigError(f"{where} sets unknown config key {key!r}{hint}")
-        node, done = node[part], [*done, part]
 
 
 def get_sweep(sweeps: dict[str, list[dict]], arg: str | None) -> list[dict]:

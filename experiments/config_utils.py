@@ -162,7 +162,7 @@ def _field(config: ml_collections.ConfigDict, key: str) -> tuple[ml_collections.
         node, prefix = node[part], _join(prefix, part)
         if not isinstance(node, ml_collections.ConfigDict):
             raise errors.ConfigError(
-                f"config key {prefix!r} is not a group (type "
+                f"unknown config key {key!r}: config key {prefix!r} is not a group (type "
                 f"{type(node).__name__}); cannot set {key!r}"
             )
     if leaf not in node and not is_open(prefix):
@@ -173,6 +173,26 @@ def _field(config: ml_collections.ConfigDict, key: str) -> tuple[ml_collections.
             f"config key {key!r} is a group; override its fields instead: " + ", ".join(fields)
         )
     return node, leaf
+
+
+def check_key(config: ml_collections.ConfigDict, key: str, where: str = "") -> None:
+    """Raises ConfigError unless `config` has the (non-group) dotted `key`, or `key` is new to
+    an open group (`is_open`); the one unknown-key check of overrides, sweeps and presets.
+
+    Args:
+        config: the config the key should exist in.
+        key: dotted key, e.g. "train.num_train_steps".
+        where: what sets the key, put in front of the message (e.g. "preset 'tiny'").
+
+    Raises:
+        ConfigError: "unknown config key ..." with the closest valid ones, or a group.
+    """
+    try:
+        _field(config, key)
+    except errors.ConfigError as err:
+        if not where:
+            raise
+        raise errors.ConfigError(f"{where}: {err}") from None
 
 
 def is_open(group: str) -> bool:

@@ -378,18 +378,10 @@ MUTATIONS = [
     M(
         "preset-keys-not-checked",
         "configs/common.py",
-        '        _check_key(config, key, f"preset {name!r}")',
+        '        config_utils.check_key(config, key, f"preset {name!r}")',
         "        pass",
         "tests/test_config_utils.py::"
         "test_a_preset_that_sets_a_misspelt_key_is_refused_with_the_close_match",
-    ),
-    M(
-        "preset-kwargs-group-closed",
-        "configs/common.py",
-        '        if config_utils.is_open(".".join(done)) and',
-        "        if False and",
-        "tests/test_optax_by_name.py::"
-        "test_kwargs_are_set_by_overrides_sweeps_and_presets_and_typos_stay_refused",
     ),
     M(
         "scan-seeds-sweep-misspelt-key",

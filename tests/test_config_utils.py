@@ -312,3 +312,15 @@ def test_apply_updates_sets_python_values_and_checks_keys_and_types(tmp_path):
     with pytest.raises(errors.ConfigError) as raised:
         config_utils.apply_updates(config, {"train.num_train_steps": "many"})
     assert "num_train_steps" in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_presets_overrides_and_sweeps_share_one_unknown_key_check():
+    """`configs.common.apply_preset` refuses with `config_utils.check_key`, the message of an
+    override, prefixed by the preset's name."""
+    config = base.get_config()
+    with pytest.raises(errors.ConfigError) as override:
+        config_utils.apply_override(config, "train.num_train_step=3")
+    with pytest.raises(errors.ConfigError) as preset:
+        common.apply_preset(base.get_config(), {"typo": {"train.num_train_step": 3}}, "typo")
+    assert str(preset.value) == f"preset 'typo': {override.value}"
+    config_utils.check_key(config, "optim.kwargs.b1")  # new to an open group: taken
