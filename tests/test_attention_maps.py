@@ -143,7 +143,7 @@ def test_decoding_sows_the_rows_of_uncached_causal_attention():
         _, state = module.apply(
             {**variables, "cache": cache},
             x[:, t : t + 1],
-            mask=masking.decode_mask(t, L),
+            mask=masking.cached_causal_mask(jnp.full((x.shape[0], 1), t), L),
             decode=True,
             mutable=["cache", "intermediates"],
         )

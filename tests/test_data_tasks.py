@@ -53,13 +53,6 @@ def test_determinism_and_seeds():
     )
 
 
-def test_lm_task_joins_source_and_target():
-    texts = tasks.lm_task("reverse", 10, seed=3)
-    pairs = tasks.reverse_task(10, seed=3)
-    assert texts == [f"{source} | {target}" for source, target in pairs]
-    assert texts[0].count(" | ") == 1
-
-
 def test_parity_labels():
     examples = tasks.classification_task("parity", 200, min_len=1, max_len=9, seed=4)
     for text, label in examples:
@@ -78,8 +71,6 @@ def test_majority_labels_and_odd_lengths():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="copy, reverse, sort"):
-        tasks.lm_task("rotate", 3)
     with pytest.raises(ValueError, match="copy, reverse, sort"):
         tasks.solve("rotate", "s1")
     with pytest.raises(ValueError, match="parity, majority"):

@@ -92,15 +92,6 @@ def test_perplexity():
         evaluation.perplexity(1.0, 0)
 
 
-def test_token_accuracy_skips_padding():
-    predictions = np.array([[1, 2, 3], [4, 5, 7]])
-    targets = np.array([[1, 2, 4], [4, 6, 9]])
-    segment_ids = np.array([[1, 1, 1], [1, 1, 0]])
-    assert evaluation.token_accuracy(predictions, targets, segment_ids) == pytest.approx(3 / 5)
-    with pytest.raises(ValueError, match="padding"):
-        evaluation.token_accuracy(predictions, targets, np.zeros_like(segment_ids))
-
-
 # ---------------------------------------------------------------------------------------------
 # Decoding a dataset.
 

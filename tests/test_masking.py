@@ -2,7 +2,6 @@
 
 import contextlib
 
-import jax
 import jax.numpy as jnp
 import jaxtyping
 import numpy as np
@@ -178,19 +177,6 @@ def test_cross_attention_mask_unpacked_equals_padding_mask():
     )
 
 
-def test_decode_mask():
-    mask = masking.decode_mask(2, 5)
-    assert mask.shape == (1, 1, 1, 5)
-    np.testing.assert_array_equal(_as_int(mask)[0, 0, 0], [1, 1, 1, 0, 0])
-
-
-def test_decode_mask_traced_index_matches_causal_rows():
-    step = jax.jit(masking.decode_mask, static_argnums=1)
-    for index in range(4):
-        row = step(jnp.array(index, jnp.int32), 4)
-        np.testing.assert_array_equal(row[0, 0, 0], masking.causal_mask(4)[0, 0, index])
-
-
 # ---------------------------------------------------------------------------------------------
 # combine_masks.
 
@@ -234,9 +220,6 @@ def test_masks_broadcast_against_attention_logits():
         (lambda: masking.causal_mask(2, -3), "kv_length"),
         (lambda: masking.window_mask(3, -1), "radius"),
         (lambda: masking.lengths_to_segment_ids(jnp.array([1]), -2), "length"),
-        (lambda: masking.decode_mask(0, 0), "max_length"),
-        (lambda: masking.decode_mask(5, 5), "cache_index"),
-        (lambda: masking.decode_mask(-1, 5), "cache_index"),
     ],
 )
 def test_bad_values_raise(call, name):

@@ -110,7 +110,8 @@ def encode_lm(
     """Tokenizes texts into padded decoder-only examples.
 
     Args:
-        texts: one sequence each (e.g. "s3 s1 | s1 s3" from `tasks.lm_task`).
+        texts: one sequence each (e.g. "s3 s1 | s1 s3", a task pair joined by
+            `tasks.LM_SEPARATOR`).
         tokenizer: maps words to ids.
         max_len: L, the padded length of `targets` (EOS included).
 

@@ -2,10 +2,11 @@
 
 Sequence-to-sequence tasks over symbols "s0" ... "s{num_symbols-1}": copy, reverse and sort (the
 classic probes of Graves et al., "Neural Turing Machines", 2014, and of the Transformer
-literature's small-scale sanity checks); the same tasks as single "source | target" strings for
-decoder-only language models; and two binary classification tasks over "0"/"1" strings, parity
-and majority (studied for Transformers by Hahn, "Theoretical Limitations of Self-Attention in
-Neural Sequence Models", TACL 2020).
+literature's small-scale sanity checks; a decoder-only model reads each pair as one
+"source | target" string, `LM_SEPARATOR` between, joined by `tfjax.data.datasets`); and two
+binary classification tasks over "0"/"1" strings, parity and majority (studied for
+Transformers by Hahn, "Theoretical Limitations of Self-Attention in Neural Sequence Models",
+TACL 2020).
 
 All sequences are space-separated strings. Lengths are drawn uniformly from [min_len, max_len];
 every generator uses its own `np.random.default_rng(seed)`, so copy, reverse and sort with the same
@@ -122,31 +123,6 @@ def sort_task(
     as in `copy_task`.
     """
     return _seq2seq("sort", num_examples, min_len, max_len, num_symbols, seed)
-
-
-def lm_task(
-    name: str,
-    num_examples: int,
-    *,
-    min_len: int = 1,
-    max_len: int = 10,
-    num_symbols: int = 10,
-    seed: int = 0,
-) -> list[str]:
-    """A sequence-to-sequence task as single strings for decoder-only language models.
-
-    Args:
-        name: "copy", "reverse" or "sort".
-        num_examples, min_len, max_len, num_symbols, seed: as in `copy_task`.
-
-    Returns:
-        `num_examples` strings "source | target", e.g. "s3 s1 s7 | s7 s1 s3" for "reverse".
-
-    Raises:
-        ValueError: for an unknown `name` or invalid arguments (see `copy_task`).
-    """
-    pairs = _seq2seq(name, num_examples, min_len, max_len, num_symbols, seed)
-    return [f"{source} {LM_SEPARATOR} {target}" for source, target in pairs]
 
 
 def classification_task(

@@ -399,7 +399,24 @@ def sequence_log_prob(
     inputs_segment_ids: Int[Array, "B S"] | None = None,
 ) -> Float[Array, " B"]:
     """log P(targets | inputs) under the (uncached) model, summed up to and including the first
-    EOS of each row (the whole row when it has none)."""
+    EOS of each row (the whole row when it has none): the score of given outputs, for n-best
+    rescoring or to compare a reference with what the search found.
+
+    Divided by `length_penalty(sequence_lengths(targets, eos_id), alpha)` it is the score
+    `beam_search` ranks its hypotheses by, so any candidate can be scored as the search would.
+
+    Args:
+        model: an encoder-decoder model whose `apply(variables, inputs, targets, ...)` gives
+            [B, L, V] next-token logits (teacher forcing).
+        params: its parameters.
+        inputs: [B, S] source ids.
+        targets: [B, L] output ids (the model shifts them right itself, as in training).
+        eos_id: end-of-sequence id; tokens after the first one do not count.
+        inputs_segment_ids: [B, S] source segment ids (0 = padding), or None.
+
+    Returns:
+        [B] float32 summed log-probabilities.
+    """
     logits = model.apply(
         {"params": params}, inputs, targets, inputs_segment_ids=inputs_segment_ids
     )  # [B, L, V]
@@ -409,5 +426,14 @@ def sequence_log_prob(
 
 
 def sequence_lengths(targets: Int[Array, "B L"], eos_id: int) -> Int[Array, " B"]:
-    """|Y| per row: tokens up to and including the first EOS (L when there is none)."""
+    """|Y| per row: tokens up to and including the first EOS (L when there is none), the
+    length `length_penalty` takes when `sequence_log_prob` is turned into a beam score.
+
+    Args:
+        targets: [B, L] output ids.
+        eos_id: end-of-sequence id.
+
+    Returns:
+        [B] int32 lengths.
+    """
     return jnp.sum(~decoding.after_eos(targets, eos_id), axis=1).astype(jnp.int32)

@@ -22,7 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Int, Integer
+from jaxtyping import Array, Int
 
 from tfjax.data import pipeline
 from tfjax.inference import beam_search, decoding
@@ -126,30 +126,6 @@ def perplexity(nll_sum: losses.HostScalar, token_count: losses.HostScalar) -> fl
         raise ValueError(f"token_count must be > 0 to average the NLL over, got {token_count}")
     mean = float(nll_sum) / float(token_count)
     return float(np.exp(mean)) if mean < np.log(np.finfo(np.float64).max) else float("inf")
-
-
-def token_accuracy(
-    predictions: Integer[np.ndarray, "B L"],
-    targets: Integer[np.ndarray, "B L"],
-    segment_ids: Integer[np.ndarray, "B L"],
-) -> float:
-    """Fraction of non-padding target positions where the prediction equals the target.
-
-    Args:
-        predictions: [B, L] int predicted ids.
-        targets: [B, L] int target ids.
-        segment_ids: [B, L] int; 0 marks padding, which does not count.
-
-    Returns:
-        The accuracy in [0, 1].
-
-    Raises:
-        ValueError: if every position is padding.
-    """
-    valid = np.asarray(segment_ids) > 0
-    if not valid.any():
-        raise ValueError("every target position is padding (segment id 0): nothing to score")
-    return float(np.sum((np.asarray(predictions) == np.asarray(targets)) & valid) / valid.sum())
 
 
 # Search options beside beam_size and alpha (`beam_search.beam_search`); greedy decoding takes

@@ -14,8 +14,8 @@ Components and sources:
   §3.1.2 / mesh-tensorflow `*_segmentation` features): tokens attend only within their segment.
 - `window_mask`: restricted self-attention over a neighbourhood of size r (Vaswani et al. 2017,
   §4 and Table 1).
-- `decode_mask`, `cached_causal_mask`: autoregressive decoding with a key/value cache (Vaswani
-  et al. 2017, §3.2.3, applied one step at a time).
+- `cached_causal_mask`: autoregressive decoding with a key/value cache (Vaswani et al. 2017,
+  §3.2.3, applied one step at a time, or a chunk of steps).
 """
 
 import functools
@@ -217,31 +217,6 @@ def window_mask(
     else:
         mask = jnp.abs(offsets) <= radius
     return mask[None, None]
-
-
-def decode_mask(cache_index: Int[Array, ""] | int, max_length: int) -> Bool[Array, "1 1 1 S"]:
-    """Mask for one decoding step against a key/value cache of `max_length` slots.
-
-    `cache_index` is the slot the current token is written to; it sees itself and every earlier
-    slot, not the empty slots after it.
-
-    Args:
-        cache_index: int or [] int array (may be traced), 0 <= cache_index < max_length.
-        max_length: S, cache size (>= 1).
-
-    Returns:
-        [1, 1, 1, S] bool: True for keys j <= cache_index.
-
-    Raises:
-        ValueError: if `max_length` < 1, or a Python int `cache_index` is outside
-            [0, max_length). Traced indices cannot be checked.
-    """
-    if max_length < 1:
-        raise ValueError(f"max_length must be an int >= 1, got {max_length}")
-    if isinstance(cache_index, int) and not 0 <= cache_index < max_length:
-        raise ValueError(f"cache_index must be in [0, max_length={max_length}), got {cache_index}")
-    kv_pos = jnp.arange(max_length, dtype=jnp.int32)  # [S]
-    return (kv_pos <= cache_index)[None, None, None, :]  # [1, 1, 1, S]
 
 
 def cached_causal_mask(

@@ -79,7 +79,18 @@ def _bits(data: Array, shape: tuple[int, ...]) -> Array:
 
 
 def random_bits(key: Array, shape: tuple[int, ...]) -> Array:
-    """uint32 random bits: `jax.random.bits(key, shape, jnp.uint32)`, bit for bit."""
+    """uint32 random bits: `jax.random.bits(key, shape, jnp.uint32)`, bit for bit, drawn as
+    `bernoulli` draws: one unrolled elementwise Threefry fusion on a CPU for a Threefry key in
+    the partitionable mode, `jax.random.bits` itself otherwise (module docstring). For masks
+    other than dropout's (token dropping, stochastic depth, ...) that want the same fast path.
+
+    Args:
+        key: a typed or raw (uint32[2]) PRNG key.
+        shape: the shape of the result.
+
+    Returns:
+        uint32 array of `shape`.
+    """
     shape = tuple(shape)
     data = _threefry_key_data(key, shape)
     return jax.random.bits(key, shape, jnp.uint32) if data is None else _bits(data, shape)
