@@ -343,6 +343,12 @@ def test_plot_flag_draws_the_sweep_after_the_runs(spec, tmp_path):
     names = ["curves.png", "final_vs_optim.learning_rate.png"]
     assert plots == [f"plot: {tmp_path / 'lr' / name}" for name in names]
     assert all((tmp_path / "lr" / name).stat().st_size > 0 for name in names)
+    # The end of the sweep: the summary's verdict, ranked by eval accuracy (no eval loss).
+    out = result.stdout.splitlines()
+    verdict = out.index("## Is the sweep done?")
+    assert out[verdict - 1].startswith(f"summary: {tmp_path / 'lr' / 'summary.md'} (1 ok, 1 failed")
+    assert "- Best: optim.learning_rate=0.5: 0.25 (n = 1)." in out[verdict:]
+    assert (tmp_path / "lr" / "summary.md").read_text().count("## Is the sweep done?") == 1
 
 
 def test_plot_and_print_exclude_each_other(spec, tmp_path):
