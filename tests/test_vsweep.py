@@ -846,3 +846,43 @@ def test_successive_halving_stops_the_trials_with_the_higher_eval_loss(monkeypat
     assert loop.status[0] == "stopped at step 4 (successive halving, eval loss 0.9)"
     assert loop.status[3] == "stopped at step 4 (successive halving, eval loss nan)"
     np.testing.assert_array_equal(halved.live, [False, True, False, False, True])
+
+
+def test_a_judge_sees_each_live_trials_evaluation_and_stops_those_it_names(monkeypatch):
+    """`_GroupHooks.evaluate` hands the judge (a search's pruner) the eval record of each live
+    trial; the next `adjust` stops the trials it named, once. The evaluation is a stub: each
+    trial's eval loss is its one parameter."""
+    from tfjax.runs import evaluator
+
+    monkeypatch.setattr(evaluator, "evaluate", lambda run, params, **_: {"loss": float(params)})
+    seen = []
+
+    def judge(step, results):
+        seen.append((step, {i: r["loss"] for i, r in results.items()}))
+        return {0: "pruned, eval loss 0.9"}
+
+    loop = object.__new__(vsweep._GroupHooks)
+    loop.group = types.SimpleNamespace(
+        placement=vsweep_state.Placement(None, shared_batch=True),
+        runs=[None] * 3,
+        trials=[types.SimpleNamespace(name=f"t{i}") for i in range(3)],
+        judge=judge,
+    )
+    loop.tcfg = types.SimpleNamespace(max_eval_examples=0)
+    loop.writers = [types.SimpleNamespace(write=lambda *record: None)] * 3
+    loop.status = ["ok", "frozen at step 2 (non-finite loss)", "ok"]
+    loop.halving, loop.judged = [], {}
+    state = vectorized.SweepState(
+        train=types.SimpleNamespace(params=np.array([0.9, 0.5, 0.1], np.float32)),
+        live=np.array([True, False, True]),
+    )
+    loop.evaluate(state, 4)
+    assert seen == [(4, {0: pytest.approx(0.9), 2: pytest.approx(0.1)})]
+    adjusted = loop.adjust(state, 4)
+    assert loop.status == [
+        "stopped at step 4 (pruned, eval loss 0.9)",
+        "frozen at step 2 (non-finite loss)",
+        "ok",
+    ]
+    np.testing.assert_array_equal(adjusted.live, [False, False, True])
+    assert loop.adjust(adjusted, 5) is adjusted  # told once: nothing more to stop

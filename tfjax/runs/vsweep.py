@@ -15,7 +15,8 @@ into its workdir, which `experiments.train` then resumes and `evaluate`, `transl
 The trial axis is sharded over the mesh axis "trial" of the available devices, and the batch
 over "data" with the devices left over (4 trials on 8 devices: 2 data-parallel devices each).
 A trial whose loss goes non-finite is frozen and reported; `sweep.halving_steps` stops the
-worse half of the live trials (by eval loss) at each of those steps (successive halving).
+worse half of the live trials (by eval loss) at each of those steps (successive halving), and
+a `judge` (`train_trials`) those its pruner picks at each evaluation (`tfjax.runs.search`).
 
 The group trains through the loop of a run alone (`tfjax.runs.loop`: the same order of
 stepping, logging, evaluating and saving, the same SIGTERM handling); what a group does
@@ -31,7 +32,7 @@ import logging
 import math
 import pathlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -149,8 +150,21 @@ def _check_trials(trials: Sequence[Trial]) -> None:
         )
 
 
-def train_trials(trials: Sequence[Trial], directory: str | pathlib.Path) -> list[Outcome]:
+Judge = Callable[[int, dict[int, dict[str, float]]], dict[int, str]]
+
+
+def train_trials(
+    trials: Sequence[Trial], directory: str | pathlib.Path, *, judge: Judge | None = None
+) -> list[Outcome]:
     """Trains `trials` (one group, see `group_trials`) together; resumes from `directory`.
+
+    Args:
+        trials: the group.
+        directory: where the group's checkpoints go.
+        judge: called after each periodic evaluation with the step and {trial index: its eval
+            record} of the live trials; returns {trial index: reason} of those to stop now
+            (a search's pruner, `tfjax.runs.search`). They stop as halving stops trials:
+            masked from the next step on, "stopped at step N (reason)".
 
     Returns:
         One `Outcome` per trial, in order.
@@ -168,7 +182,7 @@ def train_trials(trials: Sequence[Trial], directory: str | pathlib.Path) -> list
             preemption = stack.enter_context(loop.Preemption(early=True))
             for path in (directory, *(trial.workdir for trial in trials)):
                 stack.enter_context(lock.held(path))
-            return _Group(trials, directory).train(preemption)
+            return _Group(trials, directory, judge).train(preemption)
     except loop.Terminated:
         log.warning(
             "stopped by SIGTERM before the first step: nothing new was saved; rerun the same "
@@ -180,8 +194,8 @@ def train_trials(trials: Sequence[Trial], directory: str | pathlib.Path) -> list
 class _Group:
     """The trials' shared model, data and compiled step; `train` runs them through the loop."""
 
-    def __init__(self, trials: Sequence[Trial], directory: pathlib.Path):
-        self.trials, self.directory = list(trials), directory
+    def __init__(self, trials: Sequence[Trial], directory: pathlib.Path, judge: Judge | None):
+        self.trials, self.directory, self.judge = list(trials), directory, judge
         self.config = trials[0].config
         vsweep_state.check_trial_names(directory, self.trials)
         self.examples = vsweep_state.load_examples(self.trials, bool(build.saved_steps(directory)))
@@ -316,6 +330,7 @@ class _GroupHooks:
         self.status = ["ok"] * len(group.trials)
         self.halving = sorted(group.config.sweep.halving_steps)
         self.rngs = None  # the trials' dropout keys [T], once restored
+        self.judged: dict[int, str] = {}  # {trial index: reason}: the judge's stops, for adjust
 
     def restore(self):
         """(state, start step): the group restored (iterators, statuses, keys) or fresh; each
@@ -382,14 +397,29 @@ class _GroupHooks:
         )
 
     def evaluate(self, state, step: int) -> None:
+        results = {}
         for i, (run, writer) in enumerate(zip(self.group.runs, self.writers, strict=True)):
             if self.status[i] == "ok":
                 params = self.group.placement.trial_params(state, i)
                 result = evaluator.evaluate(run, params, max_examples=self.tcfg.max_eval_examples)
                 writer.write(step, "eval", result)
+                results[i] = result
+        if self.group.judge is not None:
+            self.judged = self.group.judge(step, results)
 
     def adjust(self, state, step: int):
+        if self.judged:
+            state, self.judged = self._stop(state, step, self.judged), {}
         return self._halve(state, step) if step in self.halving else state
+
+    def _stop(self, state, step: int, reasons: dict[int, str]):
+        """Stops trials {index: reason}: their updates masked from the next step on."""
+        mask = np.zeros(len(self.status), bool)
+        for i, reason in reasons.items():
+            self.status[i] = f"stopped at step {step} ({reason})"
+            log.info("trial %s %s", self.group.trials[i].name, self.status[i])
+            mask[i] = True
+        return vectorized.freeze(state, self.group.placement.put_trials(mask))
 
     def _halve(self, state, step: int):
         """Successive halving: keeps the better half of the live trials by eval loss."""
@@ -403,14 +433,8 @@ class _GroupHooks:
             )["loss"]
         ranked = sorted(live, key=lambda i: (not math.isfinite(eval_loss[i]), eval_loss[i]))
         stop = ranked[math.ceil(len(live) / 2) :]
-        for i in stop:
-            self.status[i] = (
-                f"stopped at step {step} (successive halving, eval loss {eval_loss[i]:.4g})"
-            )
-            log.info("trial %s %s", self.group.trials[i].name, self.status[i])
-        mask = np.zeros(len(self.status), bool)
-        mask[stop] = True
-        return vectorized.freeze(state, self.group.placement.put_trials(mask))
+        reasons = {i: f"successive halving, eval loss {eval_loss[i]:.4g}" for i in stop}
+        return self._stop(state, step, reasons)
 
     def save(self, state, step: int, pending: list) -> None:
         """Saves the group (a frozen trial's non-finite state included: it is not checked)."""
