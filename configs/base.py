@@ -20,6 +20,9 @@ Presets (`--config=configs/base.py:NAME`):
 Sweeps (`python -m experiments.sweep --config=configs/base.py:cpu --sweep=NAME`): `lr` (0.5, 1,
 2), `layers` (1, 2, 3 on each side), `dropout` (0, 0.1, 0.3), `peak_lr` (5e-4 to 1.6e-2,
 doubling; one shape, so `--vectorize --plot` trains them as one program).
+Searches (`python -m experiments.search --config=configs/base.py:tiny --search=lr`, the `search`
+extra): `lr` (8 Optuna TPE trials of learning rate, label smoothing, schedule and warmup, 4 per
+generation).
 """
 
 from configs import common
@@ -61,6 +64,24 @@ SWEEPS = {
     "peak_lr": [{"optim.learning_rate": v} for v in (5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)],
 }
 
+# Optuna searches (python -m experiments.search --config=configs/base.py:tiny --search=lr):
+# each generation's `per_generation` suggestions train as one vectorised program.
+SEARCHES = {
+    "lr": {
+        "space": {
+            "optim.learning_rate": {"log_uniform": (1e-4, 3e-2)},
+            "train.label_smoothing": {"uniform": (0.0, 0.2)},
+            "optim.schedule": {"categorical": ("cosine", "rsqrt")},
+            "optim.warmup_steps": {"int": (1, 4)},  # the tiny preset's 6 steps; widen for cpu
+            # A shape (model.num_layers, widths) splits a generation into one program per shape.
+        },
+        "trials": 8,
+        "per_generation": 4,
+        "sampler": {"name": "tpe", "n_startup_trials": 4},
+        "pruner": {"name": "median", "n_startup_trials": 2},
+    },
+}
+
 
 def get_config(arg: str | None = None):
     config = common.base_config(
@@ -80,3 +101,7 @@ def get_config(arg: str | None = None):
 
 def get_sweep(arg: str | None = None):
     return common.get_sweep(SWEEPS, arg)
+
+
+def get_search(arg: str | None = None):
+    return common.get_search(SEARCHES, arg)

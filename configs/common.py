@@ -114,6 +114,13 @@ def apply_preset(
     return config
 
 
+def get_search(searches: dict[str, dict], arg: str | None) -> dict:
+    """The search `arg` (experiments.search; tfjax.runs.search_space says what it holds)."""
+    if arg not in searches:
+        raise errors.ConfigError(f"unknown search {arg!r}; choose one of {sorted(searches)}")
+    return searches[arg]
+
+
 def get_sweep(sweeps: dict[str, list[dict]], arg: str | None) -> list[dict]:
     """The list of dotted-key override dicts of sweep `arg`."""
     if arg not in sweeps:

@@ -50,6 +50,9 @@ Presets (`--config=configs/shakespeare_char.py:NAME`):
         branches, embeddings, attention probabilities), no biases in the linear layers, 5,000
         steps of 64 windows, AdamW (0.9, 0.99) with weight decay 0.1 on the matrices, gradients
         clipped at norm 1, warmup 100 and cosine from 1e-3 to 1e-4, bfloat16 compute.
+  search  the cpu preset's data and optimizer on a 2-layer model of width 64, 400 steps: an
+        Optuna study (`python -m experiments.search --search=lr_warmup`) against the grid of as
+        many trials (`python -m experiments.sweep --sweep=search_grid --vectorize`).
   tiny  seconds, for the tests.
 """
 
@@ -145,9 +148,46 @@ PRESETS["hour_ctx256"] = {
     "train.num_train_steps": 4600,
 }
 
+# An Optuna study against the grid of as many trials (docs/sweeps.md, "Searches"): the cpu
+# preset's data and optimizer on a 2-layer model of width 64, 400 steps.
+PRESETS["search"] = {
+    **PRESETS["cpu"],
+    "model.embed_dim": 64,
+    "model.num_layers": 2,
+    "model.num_heads": 2,
+    "model.mlp_dim": 256,
+    "optim.warmup_steps": 40,
+    "train.num_train_steps": 400,
+    "train.eval_every_steps": 100,
+    "train.max_eval_examples": 256,
+    "train.checkpoint_every_steps": 200,
+    "train.log_every_steps": 50,
+}
+
 SWEEPS = {
     "lr": [{"optim.learning_rate": v} for v in (1e-3, 2e-3, 4e-3)],
     "positional": [{"model.positional": p} for p in ("learned", "rotary", "alibi")],
+    # The grid of the `search` preset's study: 4 peak learning rates x 2 warmups, one program.
+    "search_grid": [
+        {"optim.learning_rate": lr, "optim.warmup_steps": warmup}
+        for lr in (1e-3, 3e-3, 1e-2, 3e-2)
+        for warmup in (10, 80)
+    ],
+}
+
+SEARCHES = {
+    # The same ranges as `search_grid`, as many trials: TPE after 4 random ones, 4 a program,
+    # the median pruner at each evaluation (every 100 steps).
+    "lr_warmup": {
+        "space": {
+            "optim.learning_rate": {"log_uniform": (1e-3, 3e-2)},
+            "optim.warmup_steps": {"int": (10, 80)},
+        },
+        "trials": 8,
+        "per_generation": 4,
+        "sampler": {"name": "tpe", "n_startup_trials": 4},
+        "pruner": {"name": "median", "n_startup_trials": 2, "n_warmup_steps": 100},
+    },
 }
 
 
@@ -174,3 +214,7 @@ def get_config(arg: str | None = None):
 
 def get_sweep(arg: str | None = None):
     return common.get_sweep(SWEEPS, arg)
+
+
+def get_search(arg: str | None = None):
+    return common.get_search(SEARCHES, arg)

@@ -1356,6 +1356,29 @@ MUTATIONS = [
         "        elif False:",
         "tests/test_loop.py::test_each_step_logs_evaluates_adjusts_and_saves_in_order",
     ),
+    # --- Optuna searches (issue 63) ----------------------------------------------------------
+    M(
+        "search-results-told-to-wrong-trials",
+        "tfjax/runs/search.py",
+        "            for trial, outcome in zip(optuna_trials, outcomes, strict=True):",
+        "            for trial, outcome in zip(optuna_trials, outcomes[::-1], strict=True):",
+        "tests/test_search.py::test_each_trial_is_trained_once_and_told_its_own_result",
+    ),
+    M(
+        "search-pruned-trial-not-stopped",
+        "tfjax/runs/vsweep.py",
+        "            self.judged = self.group.judge(step, results)",
+        "            self.group.judge(step, results)",
+        "tests/test_vsweep.py::test_a_judge_sees_each_live_trials_evaluation_and_stops_those_it_names",
+    ),
+    M(
+        "search-stale-trial-not-queued-again",
+        "tfjax/runs/search.py",
+        '        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})\n'
+        '        log.warning("trial %d: no heartbeat',
+        '        log.warning("trial %d: no heartbeat',
+        "tests/test_search.py::test_a_trial_without_heartbeat_fails_and_its_suggestion_is_queued",
+    ),
 ]
 
 

@@ -2,7 +2,8 @@
 
 `build` turns a config into a run (model, data, steps) and restores checkpoints; `trainer`
 trains a run through `loop`, the training loop that a vectorised sweep's trials (`vsweep`,
-`vsweep_state`) train through too; `workdir` is the road from a workdir to text
+`vsweep_state`) train through too, and an Optuna search's generations (`search`, the space
+in `search_space`); `workdir` is the road from a workdir to text
 (`Translator`, `Generator`); `evaluator` holds the teacher-forced evaluation and
 `evaluate_workdir`; `lock` locks a workdir, `provenance` records and checks what its
 checkpoints were trained with (the tokenizer's digest), `plan` compiles a train step ahead of
@@ -20,6 +21,8 @@ __all__ = [
     "plan",
     "pretrained",
     "provenance",
+    "search",
+    "search_space",
     "trainer",
     "vsweep",
     "vsweep_state",
