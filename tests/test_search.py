@@ -245,7 +245,9 @@ def _start(command, log: pathlib.Path) -> subprocess.Popen:
 
 def _study(tmp_path, storage=None):
     spec = search_space.parse({"space": SPACE}, "t")
-    return search.open_study(search.Search(spec, "s", tmp_path / "runs" / "s", None, storage))
+    return search.open_study(
+        search.Search(spec, "s", tmp_path / "runs" / "s", _make_config, storage)
+    )
 
 
 def _check_shared(tmp_path, trials: int, storage=None) -> list:
