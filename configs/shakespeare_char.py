@@ -15,6 +15,7 @@ unless noted):
   hour_rope_swiglu  1.4716 ± 0.0002 (seeds 0, 1), 52 min 30 s - 67 min 1 s
   hour_ctx256       1.4661 ± 0.0036 (seeds 0, 1: 1.4635, 1.4686), 56 min 23 s (a fast host) -
                     82 min 26 s (a slow one)
+  search_grid_best  2.447, 2 min 13 s; search_tpe_best 2.454, 2 min 14 s (docs/sweeps.md)
   gpu               not measured on the CPU; on one H200: best val 1.500, 4 min 30 s
                     (nanoGPT's best: 1.4697)
 Wall times depend on the host's day (its `jnp.dot` ceiling varied 2-3x): docs/results.md gives
@@ -50,9 +51,10 @@ Presets (`--config=configs/shakespeare_char.py:NAME`):
         branches, embeddings, attention probabilities), no biases in the linear layers, 5,000
         steps of 64 windows, AdamW (0.9, 0.99) with weight decay 0.1 on the matrices, gradients
         clipped at norm 1, warmup 100 and cosine from 1e-3 to 1e-4, bfloat16 compute.
-  search  the cpu preset's data and optimizer on a 2-layer model of width 64, 400 steps: an
+  search  the cpu preset's optimizer, a 2-layer model of width 64, context 32, 200 steps: an
         Optuna study (`python -m experiments.search --search=lr_warmup`) against the grid of as
         many trials (`python -m experiments.sweep --sweep=search_grid --vectorize`).
+  search_grid_best, search_tpe_best  the best trial of each, trained alone.
   tiny  seconds, for the tests.
 """
 
@@ -149,19 +151,34 @@ PRESETS["hour_ctx256"] = {
 }
 
 # An Optuna study against the grid of as many trials (docs/sweeps.md, "Searches"): the cpu
-# preset's data and optimizer on a 2-layer model of width 64, 400 steps.
+# preset's optimizer on a 2-layer model of width 64, context 32, 16 windows a step, 200 steps.
 PRESETS["search"] = {
     **PRESETS["cpu"],
     "model.embed_dim": 64,
     "model.num_layers": 2,
     "model.num_heads": 2,
     "model.mlp_dim": 256,
-    "optim.warmup_steps": 40,
-    "train.num_train_steps": 400,
-    "train.eval_every_steps": 100,
+    "data.max_target_len": 33,
+    "optim.warmup_steps": 20,
+    "train.num_train_steps": 200,
+    "train.global_batch_size": 16,
+    "train.eval_every_steps": 50,
     "train.max_eval_examples": 256,
-    "train.checkpoint_every_steps": 200,
+    "train.checkpoint_every_steps": 100,
     "train.log_every_steps": 50,
+}
+
+# The best trial of each (docs/sweeps.md, "Searches"; rows shakespeare_search_grid and
+# shakespeare_search_tpe of docs/results.md), trained alone.
+PRESETS["search_grid_best"] = {
+    **PRESETS["search"],
+    "optim.learning_rate": 0.01,
+    "optim.warmup_steps": 40,
+}
+PRESETS["search_tpe_best"] = {
+    **PRESETS["search"],
+    "optim.learning_rate": 0.0044296495704642955,
+    "optim.warmup_steps": 37,
 }
 
 SWEEPS = {
@@ -171,22 +188,22 @@ SWEEPS = {
     "search_grid": [
         {"optim.learning_rate": lr, "optim.warmup_steps": warmup}
         for lr in (1e-3, 3e-3, 1e-2, 3e-2)
-        for warmup in (10, 80)
+        for warmup in (5, 40)
     ],
 }
 
 SEARCHES = {
     # The same ranges as `search_grid`, as many trials: TPE after 4 random ones, 4 a program,
-    # the median pruner at each evaluation (every 100 steps).
+    # the median pruner at each evaluation after the first (every 50 steps).
     "lr_warmup": {
         "space": {
             "optim.learning_rate": {"log_uniform": (1e-3, 3e-2)},
-            "optim.warmup_steps": {"int": (10, 80)},
+            "optim.warmup_steps": {"int": (5, 40)},
         },
         "trials": 8,
         "per_generation": 4,
         "sampler": {"name": "tpe", "n_startup_trials": 4},
-        "pruner": {"name": "median", "n_startup_trials": 2, "n_warmup_steps": 100},
+        "pruner": {"name": "median", "n_startup_trials": 2, "n_warmup_steps": 50},
     },
 }
 

@@ -120,6 +120,20 @@ ROWS = {
         "val loss (nats/char)",
         digits=3,
     ),
+    "shakespeare_search_grid": Row(
+        "configs/shakespeare_char.py:search_grid_best",
+        "Tiny Shakespeare characters, val, the best of a grid of 8",
+        "loss",
+        "val loss (nats/char)",
+        digits=3,
+    ),
+    "shakespeare_search_tpe": Row(
+        "configs/shakespeare_char.py:search_tpe_best",
+        "Tiny Shakespeare characters, val, the best of 8 Optuna TPE trials",
+        "loss",
+        "val loss (nats/char)",
+        digits=3,
+    ),
     "shakespeare_hour_muon": Row(
         "configs/shakespeare_char.py:hour_muon",
         "Tiny Shakespeare characters, val, Muon",
