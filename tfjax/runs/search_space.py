@@ -1,6 +1,6 @@
 """What a search is, as a config file declares it (`get_search(NAME)`), and Optuna's side of it.
 
-A config file's `get_search(name)` returns a dict (checked by `parse`):
+A config file's `get_search(name)` returns a dict (checked by `parse`)::
 
     {
         "space": {                                    # dotted config key -> its distribution
