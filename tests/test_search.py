@@ -156,6 +156,17 @@ def test_a_trial_without_heartbeat_fails_and_its_suggestion_is_queued(tmp_path):
     assert len(study.get_trials()) == 3
 
 
+def test_a_preempted_trial_is_queued_again_and_not_counted(tmp_path):
+    plan = search.Search(_spec(trials=1, per_generation=1), "s", tmp_path, _make_config)
+    study = search.open_study(plan)
+    (trial,) = search.ask(study, plan.spec)
+    assert search.tell(study, trial, vsweep.Outcome("preempted at step 3", {}), "loss") == "FAIL"
+    assert [t.state.name for t in study.get_trials()] == ["FAIL", "WAITING"]
+    assert [t.number for t in search.counted(study)] == [1]  # the copy, not the preempted one
+    (again,) = search.ask(study, plan.spec)
+    assert again.params == trial.params
+
+
 def test_a_second_process_asks_only_what_is_left(tmp_path):
     spec = _spec(trials=5, per_generation=4)
     first = search.open_study(search.Search(spec, "s", tmp_path, _make_config))

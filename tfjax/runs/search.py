@@ -101,14 +101,17 @@ def open_study(search: Search):
 
 def counted(study) -> list:
     """The study's trials that count towards `spec.trials`, by number: all but the surplus
-    and those failed for a dead process (their suggestions were queued again)."""
+    and those failed for a dead or preempted process (their suggestions were queued again)."""
     optuna = search_space.require_optuna()
     fail = optuna.trial.TrialState.FAIL
-    return [
-        t
-        for t in study.get_trials(deepcopy=False)
-        if t.user_attrs.get(STATUS) != SURPLUS and (t.state != fail or STATUS in t.user_attrs)
-    ]
+
+    def counts(trial) -> bool:
+        status = trial.user_attrs.get(STATUS)
+        if trial.state != fail:
+            return True
+        return status is not None and status != SURPLUS and not status.startswith(vsweep.PREEMPTED)
+
+    return [t for t in study.get_trials(deepcopy=False) if counts(t)]
 
 
 def fail_stale(study, stale_after: float) -> list[int]:
