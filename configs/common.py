@@ -82,6 +82,23 @@ def base_config(
         # Vectorised sweeps: at each of these steps stop the worse half of the trials still
         # training, by eval loss (successive halving); () = never.
         "halving_steps": (),
+        # Vectorised sweeps: population-based training on the trial axis (tfjax.runs.pbt;
+        # docs/sweeps.md). Every `interval` steps (0 = off) the live trials are ranked on
+        # their evaluation's `metric` ("min" or "max" by `mode`); the worst `fraction` of
+        # them (at most half) copy the parameters, optimizer state and hyperparameters of
+        # the best ones (the k-th worst the k-th best) and explore each of `hyperparameters`
+        # (vectorised config keys): multiplied by one of `perturb_factors`, or with probability
+        # `resample_probability` drawn from the values the sweep's trials started with.
+        "pbt": {
+            "interval": 0,
+            "metric": "loss",
+            "mode": "min",
+            "fraction": 0.25,
+            "hyperparameters": ("optim.learning_rate",),
+            "perturb_factors": (0.8, 1.25),
+            "resample_probability": 0.0,
+            "seed": 0,  # of the explore RNG (saved with the group: a rerun resumes it)
+        },
     }
     config.parallel = {
         # "sharded": jax.jit with NamedShardings (data parallel while fsdp = tensor = 1);

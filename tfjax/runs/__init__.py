@@ -2,13 +2,14 @@
 
 `build` turns a config into a run (model, data, steps) and restores checkpoints; `trainer`
 trains a run through `loop`, the training loop that a vectorised sweep's trials (`vsweep`,
-`vsweep_state`) train through too, and an Optuna search's generations (`search`, the space
-in `search_space`); `workdir` is the road from a workdir to text
-(`Translator`, `Generator`); `evaluator` holds the teacher-forced evaluation and
-`evaluate_workdir`; `lock` locks a workdir, `provenance` records and checks what its
-checkpoints were trained with (the tokenizer's digest), `plan` compiles a train step ahead of
-time for a topology, `pretrained` converts Hugging Face checkpoints into workdirs and back. The
-top layer of the library: it imports everything below it, and only `experiments/` imports it.
+`vsweep_state`, population-based training on their trial axis: `pbt`) train through too, and an
+Optuna search's generations (`search`, the space in `search_space`); `workdir` is the road
+from a workdir to text (`Translator`, `Generator`); `evaluator` holds the teacher-forced
+evaluation and `evaluate_workdir`; `lock` locks a workdir, `provenance` records and checks what
+its checkpoints were trained with (the tokenizer's digest), `plan` compiles a train step ahead
+of time for a topology, `pretrained` converts Hugging Face checkpoints into workdirs and back.
+The top layer of the library: it imports everything below it, and only `experiments/` imports
+it.
 """
 
 from tfjax import _lazy
@@ -18,6 +19,7 @@ __all__ = [
     "evaluator",
     "lock",
     "loop",
+    "pbt",
     "plan",
     "pretrained",
     "provenance",

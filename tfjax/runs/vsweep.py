@@ -15,8 +15,9 @@ into its workdir, which `experiments.train` then resumes and `evaluate`, `transl
 The trial axis is sharded over the mesh axis "trial" of the available devices, and the batch
 over "data" with the devices left over (4 trials on 8 devices: 2 data-parallel devices each).
 A trial whose loss goes non-finite is frozen and reported; `sweep.halving_steps` stops the
-worse half of the live trials (by eval loss) at each of those steps (successive halving), and
-a `judge` (`train_trials`) those its pruner picks at each evaluation (`tfjax.runs.search`).
+worse half of the live trials (by eval loss) at each of those steps (successive halving),
+a `judge` (`train_trials`) those its pruner picks at each evaluation (`tfjax.runs.search`);
+`sweep.pbt` trains the trials by population-based training instead (`tfjax.runs.pbt`).
 
 The group trains through the loop of a run alone (`tfjax.runs.loop`: the same order of
 stepping, logging, evaluating and saving, the same SIGTERM handling); what a group does
@@ -41,7 +42,7 @@ import numpy as np
 
 from tfjax import errors, models
 from tfjax.data import pipeline
-from tfjax.runs import build, evaluator, lock, loop, provenance, trainer, vsweep_state
+from tfjax.runs import build, evaluator, lock, loop, pbt, provenance, trainer, vsweep_state
 from tfjax.training import checkpointing, logger, optim, steps, vectorized
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ def _check_trials(trials: Sequence[Trial]) -> None:
             f"sweep.halving_steps must be the same positive step numbers for every trial, got "
             f"{halving[0]!r}; e.g. --config.sweep.halving_steps=500,1000"
         )
+    pbt.settings([trial.config for trial in trials])  # checked: PBT's values, not with halving
     if build.make_masking(trials[0].config) is not None:
         raise errors.ConfigError(
             "a vectorised sweep does not run the masked-LM objective (model.encoder_head='mlm') "
@@ -212,6 +214,12 @@ class _Group:
             for trial in trials
         ]
         self.traced_dropout = None if len(set(rates)) == 1 else self.model_config
+        self.pbt = pbt.settings([trial.config for trial in trials])
+        explored = set(self.pbt.names) if self.pbt else set()
+        if "label_smoothing" in explored:  # PBT changes it per trial: traced
+            self.label_smoothing = None
+        if explored & {"dropout_rate", "attention_dropout_rate"}:
+            self.traced_dropout = self.model_config
         for values, value, (rate, attention_rate) in zip(hyper, smoothing, rates, strict=True):
             values["label_smoothing"] = jnp.float32(value)
             values["dropout_rate"] = jnp.float32(rate)
@@ -331,6 +339,8 @@ class _GroupHooks:
         self.halving = sorted(group.config.sweep.halving_steps)
         self.rngs = None  # the trials' dropout keys [T], once restored
         self.judged: dict[int, str] = {}  # {trial index: reason}: the judge's stops, for adjust
+        self.population = None if group.pbt is None else pbt.Population(group.pbt, group.hyper)
+        self.evaluated: tuple[int, dict[int, dict]] = (-1, {})  # the latest evaluation's results
 
     def restore(self):
         """(state, start step): the group restored (iterators, statuses, keys) or fresh; each
@@ -340,7 +350,11 @@ class _GroupHooks:
             for seed, iterator in self.iterators.items():
                 iterator.set_state(data_states["iterators"][str(seed)])
             self.status = list(data_states["status"])
+            if self.population is not None:
+                self.population.load(data_states["pbt"])
         self._drop_replayed(start)
+        if self.population is not None and start == 0:
+            self._write_pbt(0, None, {})
         for trial in self.group.trials:
             provenance.write_config_json(trial.workdir, trial.config)
         return state, start
@@ -359,7 +373,8 @@ class _GroupHooks:
         return self.group.placement.put_batch(jax.tree.map(lambda *x: np.stack(x), *rows))
 
     def step(self, state, batch):
-        return self.group.step_fn(state, batch, self.rngs, self.group.hyper)
+        hyper = self.group.hyper if self.population is None else self.population.hyper
+        return self.group.step_fn(state, batch, self.rngs, hyper)
 
     def startup(self, step: int, record) -> None:
         for i, writer in enumerate(self.writers):
@@ -406,10 +421,13 @@ class _GroupHooks:
                 results[i] = result
         if self.group.judge is not None:
             self.judged = self.group.judge(step, results)
+        self.evaluated = (step, results)
 
     def adjust(self, state, step: int):
         if self.judged:
             state, self.judged = self._stop(state, step, self.judged), {}
+        if self.population is not None and self.population.due(step, self.tcfg.num_train_steps):
+            return self._exploit_and_explore(state, step)
         return self._halve(state, step) if step in self.halving else state
 
     def _stop(self, state, step: int, reasons: dict[int, str]):
@@ -420,6 +438,15 @@ class _GroupHooks:
             log.info("trial %s %s", self.group.trials[i].name, self.status[i])
             mask[i] = True
         return vectorized.freeze(state, self.group.placement.put_trials(mask))
+
+    def _exploit_and_explore(self, state, step: int):
+        """PBT on this step's evaluation (evaluating unless the loop just did)."""
+        if self.evaluated[0] != step:
+            self.evaluate(state, step)
+        return pbt.act(self, state, step)
+
+    def _write_pbt(self, step: int, source, scores: dict[int, float]) -> None:
+        pbt.write_records(self, step, source, scores)
 
     def _halve(self, state, step: int):
         """Successive halving: keeps the better half of the live trials by eval loss."""
@@ -439,7 +466,10 @@ class _GroupHooks:
     def save(self, state, step: int, pending: list) -> None:
         """Saves the group (a frozen trial's non-finite state included: it is not checked)."""
         data = {str(seed): it.get_state() for seed, it in self.iterators.items()}
-        vsweep_state.save(self.checkpointer, self.group, state, self.rngs, step, data, self.status)
+        extra = {} if self.population is None else {"pbt": self.population.state_dict()}
+        vsweep_state.save(
+            self.checkpointer, self.group, state, self.rngs, step, data, self.status, extra
+        )
 
     def finish(self, state, step: int) -> list[Outcome]:
         """Each trial's final evaluation, records and hyperparameters; their outcomes."""
@@ -452,4 +482,6 @@ class _GroupHooks:
             writer.write_hparams(hparams(trial.config), result, step)
             writer.close()
             outcomes.append(Outcome(self.status[i], result))
+        if self.population is not None:
+            pbt.write_lineage(self.group.directory, self.group.trials, self.population)
         return outcomes

@@ -130,13 +130,16 @@ def _sweep_config(group) -> dict:
     }
 
 
-def save(checkpointer, group, state, rngs, step: int, iterators: dict, status: list[str]) -> None:
-    """Saves the group's state, keys, iterator positions and trial statuses as `step`."""
+def save(
+    checkpointer, group, state, rngs, step: int, iterators: dict, status: list[str], extra=None
+) -> None:
+    """Saves the group's state, keys, iterator positions and trial statuses as `step`, and
+    `extra` (JSON: population-based training's hyperparameters, key and lineage) beside them."""
     checkpointer.save(
         step,
         state,
         rng=rngs,
-        data_state={"iterators": iterators, "status": list(status)},
+        data_state={"iterators": iterators, "status": list(status), **(extra or {})},
         config=_sweep_config(group),
         force=True,
     )
