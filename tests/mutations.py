@@ -1379,6 +1379,20 @@ MUTATIONS = [
         '        log.warning("trial %d: no heartbeat',
         "tests/test_search.py::test_a_trial_without_heartbeat_fails_and_its_suggestion_is_queued",
     ),
+    M(
+        "pbt-exploit-copies-the-wrong-trial",
+        "tfjax/training/population.py",
+        "jnp.take(leaf, source, axis=0)",
+        "jnp.take(leaf, jnp.roll(source, 1), axis=0)",
+        "tests/test_pbt.py::test_exploit_and_explore_on_a_fixed_ranking_equal_a_numpy_reference",
+    ),
+    M(
+        "pbt-explore-skipped",
+        "tfjax/training/population.py",
+        "copied[name] = jnp.where(replaced, explored, copied[name])",
+        "copied[name] = copied[name]",
+        "tests/test_pbt.py::test_exploit_and_explore_on_a_fixed_ranking_equal_a_numpy_reference",
+    ),
 ]
 
 
