@@ -55,6 +55,8 @@ Presets (`--config=configs/shakespeare_char.py:NAME`):
         Optuna study (`python -m experiments.search --search=lr_warmup`) against the grid of as
         many trials (`python -m experiments.sweep --sweep=search_grid --vectorize`).
   search_grid_best, search_tpe_best  the best trial of each, trained alone.
+  pbt   2 layers of width 64, 300 steps, as a population-based training sweep
+        (`--sweep=pbt_lr`: four learning rates in one vectorised program; docs/sweeps.md).
   tiny  seconds, for the tests.
 """
 
@@ -181,8 +183,29 @@ PRESETS["search_tpe_best"] = {
     "optim.warmup_steps": 37,
 }
 
+# Population-based training against its grid (docs/sweeps.md): a small model (2 layers, width
+# 64) for 300 steps, the trials ranked on 128 val windows every 50 steps; the worst of the four
+# copies the best and multiplies its learning rate by 0.8 or 1.25. Its grid: the same command
+# with --config.sweep.pbt.interval=0.
+PRESETS["pbt"] = {
+    **PRESETS["cpu"],
+    "model.embed_dim": 64,
+    "model.num_layers": 2,
+    "model.mlp_dim": 256,
+    "optim.warmup_steps": 30,
+    "train.num_train_steps": 300,
+    "train.eval_every_steps": 50,
+    "train.checkpoint_every_steps": 100,
+    "train.log_every_steps": 50,
+    "train.max_eval_examples": 128,
+    "sweep.vectorize": True,
+    "sweep.pbt.interval": 50,
+}
+
 SWEEPS = {
     "lr": [{"optim.learning_rate": v} for v in (1e-3, 2e-3, 4e-3)],
+    # Four peak learning rates for PBT or a grid (preset `pbt`); one shape: one program.
+    "pbt_lr": [{"optim.learning_rate": v} for v in (5e-4, 1e-3, 4e-3, 1.6e-2)],
     "positional": [{"model.positional": p} for p in ("learned", "rotary", "alibi")],
     # The grid of the `search` preset's study: 4 peak learning rates x 2 warmups, one program.
     "search_grid": [

@@ -16,7 +16,9 @@ run) and each run's `ROOT/SWEEP/<run>/metrics.jsonl`, and writes PNGs next to `s
     when the values are positive and span more than 10x). Runs that differ only in `seed` are
     one point, their mean with a ± sample std error bar (`seed_spreads`); one line per
     setting of the other swept keys. A run that failed or whose metric is NaN is a red x
-    along the top of the panel, never left out.
+    along the top of the panel, never left out;
+  * `pbt.png` for a population-based training sweep: each explored hyperparameter over the
+    steps, one line per run coloured by its final eval loss (`experiments.pbt_plot`).
 `experiments.sweep --plot` does the same after a sweep. Either mode prints the paths written;
 giving both or neither is a one-line usage error.
 
@@ -35,7 +37,7 @@ from collections.abc import Mapping, Sequence
 
 from absl import flags
 
-from experiments import cli, seed_stats, sweep_advice
+from experiments import cli, pbt_plot, seed_stats, sweep_advice
 from tfjax import errors, viz
 from tfjax.training import logger
 from tfjax.viz import canvas, curves
@@ -293,7 +295,8 @@ def plot_sweep(directory: str | pathlib.Path) -> list[pathlib.Path]:
         if key == sweep_advice.SEED_KEY:
             continue  # averaged into error bars on the other keys' panels
         paths.append(draw_final(runs, key, metrics, directory / _file_name(key)))
-    return paths
+    lineage = pbt_plot.draw_pbt(records, directory / pbt_plot.PBT_FILE)  # a PBT sweep's
+    return paths if lineage is None else [*paths, lineage]
 
 
 def plot_workdirs(

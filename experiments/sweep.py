@@ -315,9 +315,25 @@ def run_vectorized(
         for name, status in zip(names, statuses, strict=True):
             rows[name] = summary_row(by_name[name], status, seconds)
         write_summary([rows[r.name] for r in runs if r.name in rows], directory)
+        _add_pbt_lineage(directory, len(groups))
     if stop.requested:
         write_summary([rows[r.name] for r in runs], directory)
+        _add_pbt_lineage(directory, len(groups))
     return [rows[run.name] for run in runs]
+
+
+def _add_pbt_lineage(directory: str | pathlib.Path, num_groups: int) -> None:
+    """Appends each population-based training group's lineage table (its `pbt.md`, who
+    copied whom at which step, the final hyperparameters) to `summary.md`."""
+    from tfjax.runs import pbt
+
+    for index in range(num_groups):
+        lineage = group_directory(directory, index) / pbt.LINEAGE_FILE
+        if lineage.exists():
+            with open(pathlib.Path(directory) / "summary.md", "a") as summary:
+                summary.write(
+                    f"\n## Population-based training, group {index + 1}\n\n{lineage.read_text()}"
+                )
 
 
 def extract(runs: Sequence[Run], directory: str | pathlib.Path, name: str) -> int:

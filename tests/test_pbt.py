@@ -240,3 +240,78 @@ def test_a_killed_pbt_sweep_resumes_bit_equal_to_an_uninterrupted_one(tmp_path, 
     lineage = (tmp_path / "whole" / "group" / pbt.LINEAGE_FILE).read_text()
     assert lineage == (tmp_path / "killed" / "group" / pbt.LINEAGE_FILE).read_text()
     assert lineage.count("| 4 |") == 2 and lineage.count("| 8 |") == 2
+
+
+_RECORDS = {
+    "a": [
+        {"step": 0, "kind": "pbt", "optim.learning_rate": 0.1, "copied_from": -1},
+        {"step": 4, "kind": "pbt", "optim.learning_rate": 2.5, "copied_from": 1, "score": 3.0},
+        {"step": 8, "kind": "final_eval", "loss": 1.5},
+    ],
+    "b": [
+        {"step": 0, "kind": "pbt", "optim.learning_rate": 2.0, "copied_from": -1},
+        {"step": 4, "kind": "pbt", "optim.learning_rate": 2.0, "copied_from": -1, "score": 2.0},
+        {"step": 8, "kind": "final_eval", "loss": 1.0},
+    ],
+}
+
+
+def test_the_pbt_picture_collects_each_trials_schedule_copies_and_final_score():
+    from experiments import pbt_plot
+
+    series = pbt_plot.schedules(_RECORDS)
+    assert series == {
+        "optim.learning_rate": {
+            "a": ([0, 4, 8], [0.1, 2.5, 2.5], [4]),
+            "b": ([0, 4, 8], [2.0, 2.0, 2.0], []),
+        }
+    }
+    assert pbt_plot.final_scores(_RECORDS, "loss") == {"a": 1.5, "b": 1.0}
+    assert pbt_plot.schedules({"plain": [{"step": 8, "kind": "final_eval", "loss": 1.0}]}) == {}
+
+
+def test_the_pbt_picture_draws_the_schedules_coloured_by_final_score(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from experiments import pbt_plot
+
+    figures = []
+    original = pbt_plot.canvas.new_figure
+    monkeypatch.setattr(
+        pbt_plot.canvas, "new_figure", lambda *a: figures.append(original(*a)) or figures[-1]
+    )
+    path = pbt_plot.draw_pbt(_RECORDS, tmp_path / "pbt.png")
+    assert path.exists()
+    lines = figures[0].axes[0].get_lines()
+    steps = {tuple(line.get_ydata()): line.get_color() for line in lines}
+    # a (worse final loss 1.5) is the top of viridis, b (1.0) the bottom; a's copy is a dot.
+    assert np.allclose(steps[(0.1, 2.5, 2.5)], pbt_plot._colormap()(1.0))
+    assert np.allclose(steps[(2.0, 2.0, 2.0)], pbt_plot._colormap()(0.0))
+    assert [tuple(line.get_xdata()) for line in lines if line.get_marker() == "o"] == [(4,), ()]
+
+
+def test_the_sweep_summary_gets_each_pbt_groups_lineage(tmp_path):
+    from experiments import sweep
+
+    (tmp_path / "summary.md").write_text("| run |\n")
+    sweep.group_directory(tmp_path, 1).mkdir()
+    (sweep.group_directory(tmp_path, 1) / pbt.LINEAGE_FILE).write_text("| 4 | a | b |\n")
+    sweep._add_pbt_lineage(tmp_path, 2)  # group 0 is not a PBT group
+    assert (tmp_path / "summary.md").read_text() == (
+        "| run |\n\n## Population-based training, group 2\n\n| 4 | a | b |\n"
+    )
+
+
+def test_the_lineage_table_names_the_trials():
+    text = pbt.lineage_markdown(
+        ["a", "b"], [{"step": 4, "trial": 0, "source": 1}], {"optim.learning_rate": [2.5, 2.0]}
+    )
+    assert text.splitlines() == [
+        "| step | trial | copied |",
+        "|---|---|---|",
+        "| 4 | a | b |",
+        "",
+        "| trial | optim.learning_rate |",
+        "|---|---|",
+        "| a | 2.5 |",
+        "| b | 2 |",
+    ]
