@@ -9,6 +9,10 @@ and its `jnp.dot` ceiling before and after, wall times, every score) to `<workdi
 recorded mean ± std and a verdict: within the recorded spread (mean ± max(2 std, one unit of
 the last digit shown)) or not.
 
+A sweep row (`Row.sweep`: the PBT and grid rows) runs `experiments.sweep` with the row's flags
+in the seed's workdir, picks the trial with the lowest final eval loss in its `summary.csv`
+(`best_trial`), `--extract`s it and scores that trial's workdir, where the record goes too.
+
 `--quick` runs the same recipe for 2 steps and scores 8 examples: not a result, a check that the
 recipe still builds, trains, saves and evaluates (the slow tests run it for every row).
 `--list` prints the rows.
@@ -19,6 +23,7 @@ workdirs (fresh: none may exist) and every record of the row (`--records_dir`,
 flag or the file, and the exit status 2.
 """
 
+import csv
 import json
 import os
 import pathlib
@@ -45,9 +50,14 @@ QUICK_TRAIN = (
 QUICK_EVALUATE = ("--max_examples=8", "--sample_windows=8", "--batch_size=8")
 
 
-def commands(row_name: str, seed: int, workdir: pathlib.Path, quick: bool) -> list[list[str]]:
-    """The train and evaluate command lines of one seed of a row."""
+def commands(
+    row_name: str, seed: int, workdir: pathlib.Path, quick: bool, best: str = "{best}"
+) -> list[list[str]]:
+    """The train and evaluate command lines of one seed of a row; a sweep row's (`Row.sweep`)
+    are the sweep, the extraction of trial `best` and its evaluation."""
     row = results.ROWS[row_name]
+    if row.sweep:
+        return _sweep_commands(row, seed, workdir, quick, best)
     train = [
         "python",
         "-m",
@@ -63,6 +73,34 @@ def commands(row_name: str, seed: int, workdir: pathlib.Path, quick: bool) -> li
         evaluate = [a for a in evaluate if not a.startswith("--average_last")]
         evaluate += QUICK_EVALUATE
     return [train, evaluate]
+
+
+def _sweep_commands(row, seed: int, workdir: pathlib.Path, quick: bool, best: str):
+    sweep = [
+        "python",
+        "-m",
+        "experiments.sweep",
+        f"--config={row.config}",
+        *row.sweep,
+        f"--config.seed={seed}",
+        f"--workdir={workdir}",
+        "--nocompilation_cache",
+    ]
+    if quick:
+        sweep += [f"--config.{override}" for override in QUICK_TRAIN]
+    trial = workdir / row.sweep[0].removeprefix("--sweep=") / best
+    evaluate = ["python", "-m", "experiments.evaluate", f"--workdir={trial}", *row.evaluate]
+    evaluate += QUICK_EVALUATE if quick else []
+    return [sweep, [*sweep, f"--extract={best}"], evaluate]
+
+
+def best_trial(summary: pathlib.Path) -> str:
+    """The run of a sweep's `summary.csv` with the lowest final eval loss (of those "ok")."""
+    with open(summary, newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["status"] == "ok" and r["eval/loss"]]
+    if not rows:
+        raise cli.UsageError(f"{summary}: no trial finished with an eval loss to choose from")
+    return min(rows, key=lambda r: float(r["eval/loss"]))["run"]
 
 
 def dot_ceiling(repeats: int = 3) -> tuple[str, list[float]]:
@@ -164,9 +202,14 @@ def run_seed(row_name: str, seed: int, root: pathlib.Path, quick: bool) -> dict:
     workdir = workdir_of(row_name, seed, root, quick)
     load = [round(os.getloadavg()[0], 2)]  # other work beside the run slows it: say how much
     platform_, before = dot_ceiling(0 if quick else 3)
-    walls = []
+    walls, scored = [], workdir  # scored: the workdir evaluated (a sweep's best trial)
     lines = commands(row_name, seed, workdir, quick)
-    for command in lines:
+    for index in range(len(lines)):
+        if index == 1 and results.ROWS[row_name].sweep:  # the sweep ran: its best trial
+            sweep_dir = workdir / results.ROWS[row_name].sweep[0].removeprefix("--sweep=")
+            lines = commands(row_name, seed, workdir, quick, best_trial(sweep_dir / "summary.csv"))
+            scored = pathlib.Path(lines[-1][3].removeprefix("--workdir="))
+        command = lines[index]
         print("+ " + " ".join(command), flush=True)
         start = time.monotonic()
         done = subprocess.run([sys.executable, *command[1:]], cwd=results.ROOT)
@@ -177,7 +220,7 @@ def run_seed(row_name: str, seed: int, root: pathlib.Path, quick: bool) -> dict:
                 f"{done.returncode} (its output is above)"
             )
     after = [] if quick else dot_ceiling()[1]
-    evaluation = json.loads((workdir / "eval.json").read_text())
+    evaluation = json.loads((scored / "eval.json").read_text())
     metrics = {k: v for k, v in evaluation.items() if isinstance(v, int | float)}
     env = environment()
     load.append(round(os.getloadavg()[0], 2))
@@ -190,7 +233,7 @@ def run_seed(row_name: str, seed: int, root: pathlib.Path, quick: bool) -> dict:
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "commands": [" ".join(c) for c in lines],
         **env,
-        "wall_s": {"train": walls[0], "evaluate": walls[1]},
+        "wall_s": {"train": walls[0], "evaluate": walls[-1]},
         "evaluation": {
             k: v
             for k, v in evaluation.items()

@@ -45,6 +45,9 @@ class Row:
     `evaluate` holds the flags of `experiments.evaluate` (beside `--workdir`) that produce the
     reported score, e.g. the decoding chosen on the validation split; `metric` is the key of
     the score in the evaluation record (`eval.json`), shown times `scale` with `digits`.
+    `sweep` makes the row a sweep: the flags of `experiments.sweep` beside `--config`,
+    `--config.seed` and `--workdir` (`--sweep=NAME` first); the sweep's best trial by final eval
+    loss is extracted and scored (`experiments.reproduce`).
     """
 
     config: str
@@ -55,6 +58,7 @@ class Row:
     scale: float = 1.0
     digits: int = 2
     target: str = ""
+    sweep: tuple[str, ...] = ()
 
 
 ROWS = {
@@ -155,6 +159,22 @@ ROWS = {
         "val loss (nats/char)",
         digits=4,
         target="≤ 1.47 in ≤ 60 min",
+    ),
+    "shakespeare_pbt": Row(
+        "configs/shakespeare_char.py:pbt",
+        "Tiny Shakespeare characters, val; PBT of 4 trials, best",
+        "loss",
+        "val loss (nats/char)",
+        digits=3,
+        sweep=("--sweep=pbt_lr",),
+    ),
+    "shakespeare_pbt_grid": Row(
+        "configs/shakespeare_char.py:pbt",
+        "Tiny Shakespeare characters, val; grid of the same 4, best",
+        "loss",
+        "val loss (nats/char)",
+        digits=3,
+        sweep=("--sweep=pbt_lr", "--config.sweep.pbt.interval=0"),
     ),
 }
 

@@ -107,6 +107,25 @@ def test_reproduce_commands_carry_the_seed_and_the_row_evaluation(tmp_path):
     assert not any(a.startswith("--average_last") for a in evaluate)  # one checkpoint only
 
 
+def test_a_sweep_rows_commands_sweep_extract_its_best_trial_and_evaluate_it(tmp_path):
+    sweep, extract, evaluate = reproduce.commands("shakespeare_pbt_grid", 1, tmp_path, False, "b")
+    assert sweep[2:] == [
+        "experiments.sweep",
+        "--config=configs/shakespeare_char.py:pbt",
+        "--sweep=pbt_lr",
+        "--config.sweep.pbt.interval=0",
+        "--config.seed=1",
+        f"--workdir={tmp_path}",
+        "--nocompilation_cache",
+    ]
+    assert extract == [*sweep, "--extract=b"]
+    assert evaluate[2:] == ["experiments.evaluate", f"--workdir={tmp_path / 'pbt_lr' / 'b'}"]
+    (tmp_path / "summary.csv").write_text(
+        "run,status,eval/loss\na,ok,1.5\nb,ok,1.25\nc,frozen at step 3,\nd,failed (x),0.5\n"
+    )
+    assert reproduce.best_trial(tmp_path / "summary.csv") == "b"
+
+
 def test_verdicts_compare_with_the_recorded_runs():
     recorded = [_record("shakespeare_cpu", s, v) for s, v in enumerate([1.670, 1.672, 1.674])]
     lines = reproduce.verdicts(
