@@ -315,3 +315,32 @@ def test_the_lineage_table_names_the_trials():
         "| a | 2.5 |",
         "| b | 2 |",
     ]
+
+
+def test_act_ranks_on_the_metric_writes_the_live_trials_records_and_refuses_a_missing_one():
+    """`pbt.act` on a stub group of three trials, trial 2 stopped: of the two live ones the
+    worse (higher loss) copies the better, and only live trials get a "pbt" record."""
+    settings = pbt.settings([_config(*PBT)])
+    hyper = {"learning_rate": jnp.asarray([0.1, 0.2, 0.3], jnp.float32)}
+    written = []
+    writer = types.SimpleNamespace(write=lambda *a: written.append(a))
+    hooks = types.SimpleNamespace(
+        population=pbt.Population(settings, hyper),
+        evaluated=(4, {0: {"loss": 2.0}, 1: {"loss": 1.0}}),
+        group=types.SimpleNamespace(placement=vsweep_state.Placement(None, shared_batch=True)),
+        status=["ok", "ok", "frozen at step 2 (non-finite loss)"],
+        writers=[writer] * 3,
+    )
+    state = vectorized.SweepState(train={"w": jnp.arange(3.0)}, live=jnp.ones(3, bool))
+    state = pbt.act(hooks, state, 4)
+    np.testing.assert_array_equal(state.train["w"], [1.0, 1.0, 2.0])
+    assert hooks.population.lineage == [{"step": 4, "trial": 0, "source": 1}]
+    assert [(a[0], a[1], a[2]["copied_from"], a[2]["score"]) for a in written] == [
+        (4, "pbt", 1, 2.0),
+        (4, "pbt", -1, 1.0),
+    ]
+    lr = np.float32(0.2)  # the copied trial's, times 0.8 or 1.25 in float32
+    assert written[0][2]["optim.learning_rate"] in (lr * np.float32(0.8), lr * np.float32(1.25))
+    hooks.population.settings = pbt.settings([_config(*PBT, "sweep.pbt.metric=bleu")])
+    with pytest.raises(errors.ConfigError, match=r"sweep\.pbt\.metric='bleu' is not in the"):
+        pbt.act(hooks, state, 8)
