@@ -55,7 +55,7 @@ Presets (`--config=configs/shakespeare_char.py:NAME`):
         Optuna study (`python -m experiments.search --search=lr_warmup`) against the grid of as
         many trials (`python -m experiments.sweep --sweep=search_grid --vectorize`).
   search_grid_best, search_tpe_best  the best trial of each, trained alone.
-  pbt   2 layers of width 64, 300 steps, as a population-based training sweep
+  pbt   2 layers of width 64, 200 steps, as a population-based training sweep
         (`--sweep=pbt_lr`: four learning rates in one vectorised program; docs/sweeps.md).
   tiny  seconds, for the tests.
 """
@@ -184,7 +184,7 @@ PRESETS["search_tpe_best"] = {
 }
 
 # Population-based training against its grid (docs/sweeps.md): a small model (2 layers, width
-# 64) for 300 steps, the trials ranked on 128 val windows every 50 steps; the worst of the four
+# 64) for 200 steps, the trials ranked on 128 val windows every 40 steps; the worst of the four
 # copies the best and multiplies its learning rate by 0.8 or 1.25. Its grid: the same command
 # with --config.sweep.pbt.interval=0.
 PRESETS["pbt"] = {
@@ -192,14 +192,14 @@ PRESETS["pbt"] = {
     "model.embed_dim": 64,
     "model.num_layers": 2,
     "model.mlp_dim": 256,
-    "optim.warmup_steps": 30,
-    "train.num_train_steps": 300,
-    "train.eval_every_steps": 50,
+    "optim.warmup_steps": 20,
+    "train.num_train_steps": 200,
+    "train.eval_every_steps": 40,
     "train.checkpoint_every_steps": 100,
-    "train.log_every_steps": 50,
+    "train.log_every_steps": 40,
     "train.max_eval_examples": 128,
     "sweep.vectorize": True,
-    "sweep.pbt.interval": 50,
+    "sweep.pbt.interval": 40,
 }
 
 SWEEPS = {
