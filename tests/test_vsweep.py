@@ -871,7 +871,7 @@ def test_a_judge_sees_each_live_trials_evaluation_and_stops_those_it_names(monke
     loop.tcfg = types.SimpleNamespace(max_eval_examples=0)
     loop.writers = [types.SimpleNamespace(write=lambda *record: None)] * 3
     loop.status = ["ok", "frozen at step 2 (non-finite loss)", "ok"]
-    loop.halving, loop.judged = [], {}
+    loop.halving, loop.judged, loop.population = [], {}, None
     state = vectorized.SweepState(
         train=types.SimpleNamespace(params=np.array([0.9, 0.5, 0.1], np.float32)),
         live=np.array([True, False, True]),
