@@ -15,7 +15,7 @@ how far apart its scores are (`tfjax.inference.attention_maps.statistics`):
     python -m experiments.attention_map --workdir=W --stats
 
 Needs matplotlib (`pip install "tfjax[viz]"`). The weights come from
-`tfjax.runs.workdir.Trained.attention`: captured from the model's own forward pass
+`tfjax.runs.trained.Trained.attention`: captured from the model's own forward pass
 (`tfjax.inference.attention_maps`), for every attention implementation.
 """
 
@@ -68,19 +68,19 @@ def stats_lines(statistics: dict) -> list[str]:
 
 
 def _stats() -> None:
-    from tfjax.runs import workdir
+    from tfjax.runs import trained
 
     if FLAGS.num_examples is not None and FLAGS.num_examples < 1:
         raise cli.UsageError(f"--num_examples={FLAGS.num_examples}: give at least 1")
-    trained = workdir.load(FLAGS.workdir, tool=TOOL, step=FLAGS.step)
-    statistics = trained.attention_statistics(FLAGS.num_examples)
-    count = len(trained.run.examples.eval[: FLAGS.num_examples])
-    title = f"attention over {count} eval examples, step {trained.step}"
+    restored = trained.load(FLAGS.workdir, tool=TOOL, step=FLAGS.step)
+    statistics = restored.attention_statistics(FLAGS.num_examples)
+    count = len(restored.run.examples.eval[: FLAGS.num_examples])
+    title = f"attention over {count} eval examples, step {restored.step}"
     cli.print_lines([title, *stats_lines(statistics)], [])
 
 
 def _attention_map() -> None:
-    from tfjax.runs import workdir
+    from tfjax.runs import trained
 
     if FLAGS.stats:
         return _stats()
@@ -98,8 +98,8 @@ def _attention_map() -> None:
         from tfjax.training import storage
 
         storage.check_writable(out, f"--out {out}", "pass --out=<a writable directory>")
-    trained = workdir.load(FLAGS.workdir, tool=TOOL, step=FLAGS.step)
-    maps, text = trained.attention(FLAGS.text, beam_size=FLAGS.beam_size)
+    restored = trained.load(FLAGS.workdir, tool=TOOL, step=FLAGS.step)
+    maps, text = restored.attention(FLAGS.text, beam_size=FLAGS.beam_size)
     paths = draw(maps, out, layers=FLAGS.layers, title=text)
     cli.print_lines([text, *map(str, paths)], [])
 

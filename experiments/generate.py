@@ -12,7 +12,7 @@ up to EOS. For the `configs/lm.py` runs a prompt is a source followed by the sep
 `--prompt="s3 s1 s7 |"`, and the continuation is the model's answer ("s7 s1 s3"). Prompt words
 outside the vocabulary read as <unk>, with a warning on stderr. A workdir without a trained run,
 or with a model that is not decoder-only, stops with an error saying what to run instead. The
-work is done by `tfjax.runs.workdir.Generator`.
+work is done by `tfjax.runs.trained.Generator`.
 """
 
 from absl import flags
@@ -24,12 +24,14 @@ TOOL = "experiments.generate"
 
 
 def _generate() -> None:
-    from tfjax.runs import workdir
+    from tfjax.models import kinds
+    from tfjax.runs import trained
 
     options = dict(temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p)
-    workdir.check_sampling(**options)  # before the slow restore
-    workdir.check_max_length(FLAGS.max_length)
-    generator = workdir.load(FLAGS.workdir, kinds=("decoder_only",), tool=TOOL, step=FLAGS.step)
+    trained.check_sampling(**options)  # before the slow restore
+    trained.check_max_length(FLAGS.max_length)
+    generators = kinds.names(facade="generator")  # the decoder-only language models
+    generator = trained.load(FLAGS.workdir, kinds=generators, tool=TOOL, step=FLAGS.step)
     outputs = generator.generate(
         FLAGS.prompt or [], max_length=FLAGS.max_length, seed=FLAGS.seed, **options
     )

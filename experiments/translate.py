@@ -14,7 +14,7 @@ the first such line; when most translations come out empty, a warning gives thei
 Input that is not UTF-8 stops with its line, column and byte (`<stdin>:2: byte 0xc3 at column
 1 is not UTF-8; ...`). Works for every tokenizer kind (word, char, SentencePiece). A workdir
 without a trained run, or with a model that is not an encoder-decoder, stops with an error
-saying what to run instead. The work is done by `tfjax.runs.workdir.Translator`.
+saying what to run instead. The work is done by `tfjax.runs.trained.Translator`.
 """
 
 import sys
@@ -30,20 +30,22 @@ TOOL = "experiments.translate"
 def _read_lines(path: str | None) -> list[str]:
     """The lines of `path`, or of stdin; bytes that are not UTF-8 stop with their line."""
     from tfjax.data import sources
-    from tfjax.runs import workdir
+    from tfjax.runs import trained
 
     if path is None:
         return sources.decode_utf8(sys.stdin.buffer.read(), "<stdin>").splitlines()
-    return workdir.read_lines(path, "--input")
+    return trained.read_lines(path, "--input")
 
 
 def _translate() -> None:
-    from tfjax.runs import workdir
+    from tfjax.models import kinds
+    from tfjax.runs import trained
 
-    workdir.check_max_length(FLAGS.max_length)
-    workdir.load_config(FLAGS.workdir, kinds=("encoder_decoder",), tool=TOOL)  # fail fast
+    translators = kinds.names(facade="translator")  # the encoder-decoders
+    trained.check_max_length(FLAGS.max_length)
+    trained.load_config(FLAGS.workdir, kinds=translators, tool=TOOL)  # fail fast
     lines = _read_lines(FLAGS.input)  # before the slow restore: fail fast on a bad path
-    translator = workdir.load(FLAGS.workdir, kinds=("encoder_decoder",), tool=TOOL, step=FLAGS.step)
+    translator = trained.load(FLAGS.workdir, kinds=translators, tool=TOOL, step=FLAGS.step)
     options = dict(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, batch_size=FLAGS.batch_size)
     cli.print_lines(*translator.translate(lines, max_length=FLAGS.max_length, **options))
 

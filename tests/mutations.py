@@ -711,9 +711,9 @@ MUTATIONS = [
     ),
     M(
         "learned-positions-source-length-unchecked",
-        "tfjax/runs/build.py",
-        '    "encoder_decoder": ("max_source_len", "max_target_len"),',
-        '    "encoder_decoder": ("max_target_len",),',
+        "tfjax/models/kinds.py",
+        "return tuple(_LENGTHS[field] for field in self.fields)",
+        "return tuple(_LENGTHS[field] for field in self.fields[-1:])",
         "tests/test_pretrained_checks.py",
         "-k",
         "past_a_learned_position_table",
@@ -721,7 +721,7 @@ MUTATIONS = [
     M(
         "converted-translation-keeps-the-presets-lengths",
         "tfjax/runs/pretrained.py",
-        'value = limit if model_config.kind == "encoder_decoder" else min(value, limit)',
+        'value = limit if kind.facade == "translator" else min(value, limit)',
         "value = min(value, limit)",
         "tests/test_pretrained_marian.py::test_a_converted_marian_reads_sources_as_long_as_the_checkpoint",
         "tests/test_pretrained_checks.py::test_convert_writes_the_t5_checkpoints_limits_unless_given",

@@ -36,7 +36,8 @@ from tiny_runs import REVERSE
 from experiments import cli, config_utils, convert, evaluate, generate, translate
 from tfjax import errors
 from tfjax.parallel import distributed
-from tfjax.runs import build, lock, loop, provenance, trainer, workdir
+from tfjax.runs import build, lock, loop, provenance, trainer
+from tfjax.runs import trained as trained_lib
 from tfjax.training import checkpointing
 from tfjax.training.checkpointing import checksums, restoring
 
@@ -158,7 +159,7 @@ def test_a_damaged_config_json_is_one_line_for_every_reader(trained, tool, tmp_p
     _one_error(cli.report(info.value), capsys.readouterr().err, *words)
     assert _digest(path) == before
     shutil.copyfile(copy, path / "config.json")  # the repair the message gives works
-    assert workdir.load_config(path).model.kind == "encoder_decoder"
+    assert trained_lib.load_config(path).model.kind == "encoder_decoder"
 
 
 def test_evaluate_command_on_a_damaged_config_json(trained, tmp_path):
@@ -250,8 +251,8 @@ def test_max_length_below_1_is_refused_alike(trained, tool, length):
 
 
 def test_the_library_refuses_max_length_0(trained):
-    with pytest.raises(workdir.WorkdirError, match=r"max_length=0: max_length must be >= 1"):
-        workdir.load(trained).translate(["s1 s2"], beam_size=1, max_length=0)
+    with pytest.raises(trained_lib.WorkdirError, match=r"max_length=0: max_length must be >= 1"):
+        trained_lib.load(trained).translate(["s1 s2"], beam_size=1, max_length=0)
 
 
 def test_empty_translations_warn_once_with_their_count(trained, tool, tmp_path):

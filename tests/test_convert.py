@@ -20,7 +20,7 @@ from tfjax import errors, models, pretrained
 from tfjax.data import datasets
 from tfjax.inference import decoding
 from tfjax.runs import pretrained as runs_pretrained
-from tfjax.runs import trainer, workdir
+from tfjax.runs import trained, trainer
 
 transformers = pytest.importorskip(
     "transformers", reason="pretrained-model tests need the 'hf' extra: pip install -e .[hf]"
@@ -50,7 +50,7 @@ def converted(gpt2_dir, tmp_path_factory):
 def test_a_converted_workdir_restores_the_checkpoint(gpt2_dir, converted):
     names = {p.name for p in converted.iterdir()}
     assert {"config.json", "checkpoints", "hf_tokenizer", "hf_config.json"} <= names
-    generator = workdir.load(converted, kinds=("decoder_only",))
+    generator = trained.load(converted, kinds=("decoder_only",))
     assert generator.step == 0
     _, params = pretrained.load_params(gpt2_dir)
     jax.tree.map(np.testing.assert_array_equal, generator.params, params)
@@ -74,7 +74,7 @@ def test_a_converted_workdir_exports_and_generates_without_reading_data(
 
     monkeypatch.setattr(datasets, "_read", no_read)
     assert runs_pretrained.export(converted, tmp_path / "exported") == 0
-    texts, _ = workdir.load(converted).generate(["A dog"], max_length=6)
+    texts, _ = trained.load(converted).generate(["A dog"], max_length=6)
     assert len(texts) == 1
 
 
@@ -92,7 +92,7 @@ def test_fine_tuning_from_a_converted_workdir_lowers_the_loss_and_exports(conver
     step = runs_pretrained.export(tuned, tmp_path / "exported")
     assert step == 4
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "exported"))
-    params = workdir.load(tuned).params
+    params = trained.load(tuned).params
     np.testing.assert_array_equal(
         reloaded.state_dict()["transformer.wte.weight"].numpy(), params["embed"]["embedding"]
     )

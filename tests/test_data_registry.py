@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tfjax.data import datasets, registry
+from tfjax.models import kinds
 
 GENERATED = ("test", "train")
 # name: (formats, eval splits, seeded), as the built-in sources declare them.
@@ -54,7 +55,7 @@ def test_builtin_sources_and_their_declarations():
 @pytest.mark.parametrize(("kind", "fmt"), [("encoder_decoder", "seq2seq"), ("decoder_only", "lm")])
 def test_a_source_registered_in_a_test_loads_into_examples(toy_source, kind, fmt):
     cfg = datasets.DataConfig(name=toy_source, eval_split="dev", max_target_len=12)
-    examples = datasets.load(cfg, kind, seed=3)
+    examples = datasets.load(cfg, kinds.get(kind), seed=3)
     assert toy_source in registry.names() and examples.format == fmt
     assert (len(examples.train), len(examples.eval)) == (12, 3)
     dev = _toy_pairs(registry.Request(cfg, "dev", 3, fmt))
@@ -64,7 +65,7 @@ def test_a_source_registered_in_a_test_loads_into_examples(toy_source, kind, fmt
     else:
         assert examples.tokenizer.decode(examples.eval[0]["targets"]) == " | ".join(dev[0])
     packed_cfg = dataclasses.replace(cfg, pack=True, packed_target_len=24)
-    packed = datasets.load(packed_cfg, kind, seed=3)
+    packed = datasets.load(packed_cfg, kinds.get(kind), seed=3)
     assert len(packed.train) < len(examples.train)  # the shared path packs it like any source
 
 
@@ -73,7 +74,7 @@ def test_the_registered_source_is_validated_like_the_builtins(toy_source):
         datasets.DataConfig(name=toy_source)
     cfg = datasets.DataConfig(name=toy_source, eval_split="dev")
     with pytest.raises(ValueError, match=r"cannot train a model of kind 'encoder_only'"):
-        datasets.load(cfg, "encoder_only", seed=0)
+        datasets.load(cfg, kinds.get("encoder_only"), seed=0)
     with pytest.raises(ValueError, match=r"'toy_reverse' is already registered .*_toy_pairs"):
         registry.register("toy_reverse", formats=registry.PAIRS, splits=())(_toy_pairs)
 
@@ -100,7 +101,7 @@ def test_a_source_check_runs_when_the_config_is_built():
             datasets.DataConfig(name="toy_files", eval_split="train")
         cfg = datasets.DataConfig(name="toy_files", eval_split="train", train_path="x")
         with pytest.raises(ValueError, match=r"cannot train .* 'encoder_decoder'.* decoder_only"):
-            datasets.load(cfg, "encoder_decoder", seed=0)
+            datasets.load(cfg, kinds.get("encoder_decoder"), seed=0)
     finally:
         registry.unregister("toy_files")
 
@@ -124,6 +125,6 @@ def test_a_text_stream_from_a_pair_source_is_an_error():
     try:
         cfg = datasets.DataConfig(name="toy_stream", eval_split="train")
         with pytest.raises(ValueError, match="split 'train' is a text stream"):
-            datasets.load(cfg, "encoder_decoder", seed=0)
+            datasets.load(cfg, kinds.get("encoder_decoder"), seed=0)
     finally:
         registry.unregister("toy_stream")

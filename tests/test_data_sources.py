@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tfjax.data import corpora, datasets, sources, tokenizers
+from tfjax.models import kinds
 
 PAIRS = [
     ("A man rides a horse .", "Ein Mann reitet ein Pferd ."),
@@ -230,12 +231,12 @@ def test_files_translation_with_sentencepiece(tmp_path):
         max_source_len=48,
         max_target_len=48,
     )
-    examples = datasets.load(cfg, "encoder_decoder", seed=0, workdir=tmp_path / "run")
+    examples = datasets.load(cfg, kinds.get("encoder_decoder"), seed=0, workdir=tmp_path / "run")
     assert (tmp_path / "run" / datasets.SENTENCEPIECE_FILE).is_file()
     assert len(examples.train) == 12 and examples.references == [t for _, t in PAIRS[:2]]
     decoded = examples.tokenizer.decode(examples.eval[1]["targets"])
     assert decoded == PAIRS[1][1]
-    again = datasets.load(cfg, "encoder_decoder", seed=0, workdir=tmp_path / "run")
+    again = datasets.load(cfg, kinds.get("encoder_decoder"), seed=0, workdir=tmp_path / "run")
     assert again.tokenizer == examples.tokenizer  # reloaded from the workdir
 
 
@@ -254,10 +255,10 @@ def test_a_saved_tokenizer_defers_each_split_until_it_is_used(tmp_path, monkeypa
             "eval_path": _write_parallel(corpus, "test", PAIRS[:3]),
         }
     cfg = datasets.DataConfig(name="files", max_source_len=12, max_target_len=12, **paths)
-    built = datasets.load(cfg, kind, seed=0, workdir=tmp_path / "run")
+    built = datasets.load(cfg, kinds.get(kind), seed=0, workdir=tmp_path / "run")
     reads, read = [], datasets._read
     monkeypatch.setattr(datasets, "_read", lambda *a: reads.append(a[-1]) or read(*a))
-    deferred = datasets.load(cfg, kind, seed=0, workdir=tmp_path / "run")
+    deferred = datasets.load(cfg, kinds.get(kind), seed=0, workdir=tmp_path / "run")
     assert reads == [] and deferred.tokenizer == built.tokenizer
     assert deferred.format == built.format
     _assert_same_rows(deferred.eval, built.eval)
@@ -287,7 +288,7 @@ def test_files_classification_tsv(tmp_path):
         train_path=str(tmp_path / "train.tsv"),
         eval_path=str(tmp_path / "test.tsv"),
     )
-    examples = datasets.load(cfg, "encoder_only", seed=0)
+    examples = datasets.load(cfg, kinds.get("encoder_only"), seed=0)
     assert [int(e["labels"]) for e in examples.train] == [1, 0, 1]
 
 
@@ -297,7 +298,7 @@ def test_files_plain_text_lm_uses_the_last_tenth_for_eval(tmp_path):
     cfg = datasets.DataConfig(
         name="files", train_path=str(tmp_path / "book.txt"), tokenizer="char", max_target_len=33
     )
-    examples = datasets.load(cfg, "decoder_only", seed=0)
+    examples = datasets.load(cfg, kinds.get("decoder_only"), seed=0)
     cut = int(0.9 * len(text))
     assert examples.tokenizer.decode(examples.eval_stream) == text[cut:]
     scored = sum(int((e["targets_weights"] > 0).sum()) for e in examples.eval)
@@ -308,7 +309,7 @@ def test_empty_split_and_missing_eval_path(tmp_path):
     train = _write_parallel(tmp_path, "train", PAIRS)
     cfg = datasets.DataConfig(name="files", train_path=train)
     with pytest.raises(ValueError, match=r"need data.eval_path"):
-        datasets.load(cfg, "encoder_decoder", seed=0)
+        datasets.load(cfg, kinds.get("encoder_decoder"), seed=0)
     with pytest.raises(ValueError, match=r"needs data.train_path"):
         datasets.DataConfig(name="files")
     with pytest.raises(ValueError, match="eval_split='test' is not a split of 'multi30k'"):
@@ -318,15 +319,17 @@ def test_empty_split_and_missing_eval_path(tmp_path):
 def test_multi30k_on_a_fake_folder_and_corrupt_file(tmp_path, fake_corpus):
     root = fake_corpus(tmp_path / "data", _multi30k_files(PAIRS))
     cfg = datasets.DataConfig(name="multi30k", dir=str(root), eval_split="val", tokenizer="word")
-    examples = datasets.load(cfg, "encoder_decoder", seed=0)
+    examples = datasets.load(cfg, kinds.get("encoder_decoder"), seed=0)
     assert examples.references == [t for _, t in PAIRS]
     reverse = datasets.DataConfig(
         name="multi30k", dir=str(root), eval_split="val", source_lang="de", target_lang="en"
     )
-    assert datasets.load(reverse, "encoder_decoder", seed=0).references == [s for s, _ in PAIRS]
+    assert datasets.load(reverse, kinds.get("encoder_decoder"), seed=0).references == [
+        s for s, _ in PAIRS
+    ]
     (root / "multi30k" / "val.de").write_text("tampered\n")
     with pytest.raises(ValueError, match=r"checksum mismatch for .*val.de.*--corpus=multi30k"):
-        datasets.load(cfg, "encoder_decoder", seed=0)
+        datasets.load(cfg, kinds.get("encoder_decoder"), seed=0)
 
 
 def test_hub_reads_translation_records_offline(tmp_path, monkeypatch):
@@ -343,7 +346,7 @@ def test_hub_reads_translation_records_offline(tmp_path, monkeypatch):
         eval_path=str(tmp_path / "validation.jsonl"),
         eval_split="validation",
     )
-    examples = datasets.load(cfg, "encoder_decoder", seed=0)
+    examples = datasets.load(cfg, kinds.get("encoder_decoder"), seed=0)
     assert len(examples.train) == 8 and examples.references == [t for _, t in PAIRS[:2]]
     with pytest.raises(ValueError, match="not 'en' and 'fr'"):
         sources.hub_pairs(
@@ -361,7 +364,7 @@ def test_dropped_examples_are_logged(tmp_path, caplog, fake_corpus):
         name="multi30k", dir=str(root), eval_split="val", max_source_len=7, max_target_len=7
     )
     with caplog.at_level(logging.WARNING):
-        examples = datasets.load(cfg, "encoder_decoder", seed=0)
+        examples = datasets.load(cfg, kinds.get("encoder_decoder"), seed=0)
     assert "Dropped 2 of 4 seq2seq examples" in caplog.text
     assert examples.references == [PAIRS[0][1], PAIRS[3][1]]  # 7 ids or fewer with EOS
 

@@ -18,6 +18,7 @@ import sacrebleu
 from tfjax import models
 from tfjax.data import datasets, tokenizers
 from tfjax.inference import decoding, evaluation
+from tfjax.models import kinds
 
 HYPOTHESES = [
     "The cat sat on the mat.",
@@ -109,7 +110,7 @@ def tiny_run():
         max_source_len=MAX_SOURCE_LEN,
         max_target_len=MAX_TARGET_LEN,
     )
-    examples = datasets.load(data, "encoder_decoder", seed=0)
+    examples = datasets.load(data, kinds.get("encoder_decoder"), seed=0)
     model_config = models.ModelConfig(
         vocab_size=examples.tokenizer.vocab_size,
         embed_dim=16,

@@ -33,6 +33,7 @@ import pytest
 
 from experiments import config_utils
 from tfjax.data import datasets, pipeline
+from tfjax.models import kinds
 from tfjax.parallel import distributed
 from tfjax.runs import build
 from tfjax.training import logger
@@ -274,7 +275,9 @@ def test_each_process_reads_its_own_rows_of_every_global_batch(root, tmp_path):
     command = [sys.executable, "-c", WORKER, str(tmp_path), SPEC, *COMMON]
     _succeeded(_run(_launch(command), _env(root)))
     config = config_utils.load_config(SPEC, COMMON)
-    examples = datasets.load(datasets.DataConfig(**config.data), "encoder_decoder", seed=0)
+    examples = datasets.load(
+        datasets.DataConfig(**config.data), kinds.get("encoder_decoder"), seed=0
+    )
     size, half = config.train.global_batch_size, config.train.global_batch_size // 2
     dataset = pipeline.make_dataset(examples.train, batch_size=size, seed=config.seed)
     expected = np.stack([dataset[i]["targets"] for i in range(3)])  # one process's batches

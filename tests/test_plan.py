@@ -24,7 +24,7 @@ from experiments import config_utils
 from experiments.bench import mfu, workload
 from tfjax import errors, models
 from tfjax.data import datasets
-from tfjax.models import flops, partitioning
+from tfjax.models import flops, kinds, partitioning
 from tfjax.parallel import costs, strategies, topology
 from tfjax.runs import build, plan
 from tfjax.training import steps
@@ -46,7 +46,9 @@ def _real_params(config):
     """The parameters of `config`'s model, initialised for real (arrays, not shapes)."""
     model_config = build.make_model_config(config, 0)
     model = models.create_model(model_config)
-    rows = datasets.train_row_shapes(datasets.DataConfig(**config.data), model_config.kind)
+    rows = datasets.train_row_shapes(
+        datasets.DataConfig(**config.data), kinds.get(model_config.kind)
+    )
     sample = {k: jnp.zeros((1, *s), jnp.int32) for k, s in rows.items()}
     args, kwargs = steps.model_inputs(sample, model_config.kind)
     return model.init(jax.random.key(0), *args, **kwargs)["params"]
@@ -159,11 +161,13 @@ def test_row_shapes_are_those_of_the_loaded_data(spec, overrides, tmp_path, fake
     config = config_utils.load_config(spec, overrides)
     data_config = datasets.DataConfig(**config.data)
     kind, head = config.model.kind, config.model.encoder_head
-    loaded = datasets.load(data_config, kind, seed=0, workdir=tmp_path, encoder_head=head)
+    loaded = datasets.load(
+        data_config, kinds.get(kind), seed=0, workdir=tmp_path, encoder_head=head
+    )
     row = loaded.train[0]
     assert {key: value.dtype for key, value in row.items()} == dict.fromkeys(row, np.int32)
     expected = {key: value.shape for key, value in row.items()}
-    assert datasets.train_row_shapes(data_config, kind, head) == expected
+    assert datasets.train_row_shapes(data_config, kinds.get(kind), head) == expected
 
 
 def _encoder_decoder_formula(batch: int, shape: dict) -> int:

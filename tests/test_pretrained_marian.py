@@ -25,7 +25,7 @@ from tfjax.inference import beam_search, decoding
 from tfjax.nn import positional
 from tfjax.pretrained import marian
 from tfjax.runs import pretrained as runs_pretrained
-from tfjax.runs import trainer, workdir
+from tfjax.runs import trained, trainer
 
 transformers = pytest.importorskip(
     "transformers", reason="pretrained-model tests need the 'hf' extra: pip install -e .[hf]"
@@ -363,8 +363,8 @@ def converted(marian_dir, tmp_path_factory):
 def test_a_converted_workdir_translates_as_hf_generate(marian_dir, converted):
     directory, hf_model = marian_dir
     run_dir, _ = converted
-    assert json.loads((run_dir / workdir.DECODING_FILE).read_text()) == (_search_options(directory))
-    translator = workdir.load(run_dir, kinds=("encoder_decoder",))
+    assert json.loads((run_dir / trained.DECODING_FILE).read_text()) == (_search_options(directory))
+    translator = trained.load(run_dir, kinds=("encoder_decoder",))
     lines = hf_checkpoints.TEXTS[:3]
     ours, _ = translator.translate(lines)  # the checkpoint's beam 4, length penalty 1.0
     reference = transformers.AutoTokenizer.from_pretrained(str(directory))
@@ -385,7 +385,7 @@ def test_a_converted_marian_reads_sources_as_long_as_the_checkpoint(marian_dir, 
     reference = transformers.AutoTokenizer.from_pretrained(str(directory))
     batch = reference([line], return_tensors="pt")
     assert 32 < batch["input_ids"].shape[1] < 64  # cut by the preset's limit, not the model's
-    translator = workdir.load(run_dir, kinds=("encoder_decoder",))
+    translator = trained.load(run_dir, kinds=("encoder_decoder",))
     ours, warnings = translator.translate([line])
     assert not [w for w in warnings if "truncated" in w], warnings
     with torch.no_grad():
@@ -408,10 +408,10 @@ def test_fine_tuning_a_converted_marian_lowers_the_loss(converted, tmp_path):
         if json.loads(line)["kind"] == "train"
     ]
     assert len(losses) == 6 and losses[-1] < losses[0], losses
-    assert (tuned / workdir.DECODING_FILE).is_file()  # decodes as the checkpoint did
+    assert (tuned / trained.DECODING_FILE).is_file()  # decodes as the checkpoint did
     runs_pretrained.export(tuned, tmp_path / "exported")
     reloaded = transformers.MarianMTModel.from_pretrained(str(tmp_path / "exported"))
-    params = workdir.load(tuned).params
+    params = trained.load(tuned).params
     np.testing.assert_allclose(
         reloaded.state_dict()["final_logits_bias"].numpy()[0], params["logits_bias"]
     )
@@ -442,5 +442,5 @@ def test_convert_and_translate_cli_on_marian(marian_dir, tmp_path):
         env=ENV,
     )
     assert done.returncode == 0, done.stderr
-    translator = workdir.load(run_dir, kinds=("encoder_decoder",))
+    translator = trained.load(run_dir, kinds=("encoder_decoder",))
     assert done.stdout.splitlines() == translator.translate(hf_checkpoints.TEXTS[:2])[0]

@@ -26,7 +26,7 @@ from tfjax import models, pretrained
 from tfjax.inference import decoding
 from tfjax.nn import layers, positional
 from tfjax.runs import pretrained as runs_pretrained
-from tfjax.runs import trainer, workdir
+from tfjax.runs import trained, trainer
 from tfjax.training import logger
 
 transformers = pytest.importorskip(
@@ -328,7 +328,7 @@ def converted(t5_dir, tmp_path_factory):
 @pytest.mark.slow  # about 20 s per version: conversion, compilation
 def test_t5_translate_of_a_converted_workdir_is_hf_generate(t5_dir, converted):
     directory, hf_model, _ = t5_dir
-    translator = workdir.load(converted, kinds=("encoder_decoder",))
+    translator = trained.load(converted, kinds=("encoder_decoder",))
     lines = ["A dog runs across the park.", "Two children play!"]
     ours, _ = translator.translate(lines, beam_size=1, max_length=12)
     reference = transformers.AutoTokenizer.from_pretrained(str(directory))
@@ -351,7 +351,7 @@ def test_t5_fine_tuning_from_a_converted_workdir_lowers_the_loss(converted, tmp_
     assert len(losses) == 4 and losses[-1] < losses[0], losses
     runs_pretrained.export(tuned, tmp_path / "exported")
     reloaded = transformers.T5ForConditionalGeneration.from_pretrained(str(tmp_path / "exported"))
-    params = workdir.load(tuned).params
+    params = trained.load(tuned).params
     np.testing.assert_array_equal(
         reloaded.state_dict()["shared.weight"].numpy(), params["embed"]["embedding"]
     )

@@ -12,7 +12,7 @@ import tiny_runs
 from experiments import config_utils
 from tfjax import errors, models
 from tfjax.data import datasets, sources
-from tfjax.runs import build, evaluator, trainer, workdir
+from tfjax.runs import build, evaluator, trained, trainer
 from tfjax.training import checkpointing, optim
 
 SENTENCES = [
@@ -136,9 +136,9 @@ def test_multi30k_recipe_trains_and_evaluates_test2016_with_averaging(multi30k_w
     assert record["num_examples"] == 16 and 0 <= record["bleu"] <= 100
     hypotheses = (multi30k_workdir / record["hypotheses"]).read_text().splitlines()
     assert len(hypotheses) == 16
-    with pytest.raises(workdir.WorkdirError, match="keep_checkpoints >= 9"):
+    with pytest.raises(trained.WorkdirError, match="keep_checkpoints >= 9"):
         evaluator.evaluate_workdir(multi30k_workdir, split="val", average_last=9)
-    with pytest.raises(workdir.WorkdirError, match="unknown split 'test2017'"):
+    with pytest.raises(trained.WorkdirError, match="unknown split 'test2017'"):
         evaluator.evaluate_workdir(multi30k_workdir, split="test2017")
 
 

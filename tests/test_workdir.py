@@ -1,4 +1,4 @@
-"""The road from a workdir to text (`tfjax.runs.workdir`, `tfjax.runs.evaluator`) and its CLIs.
+"""The road from a workdir to text (`tfjax.runs.trained`, `tfjax.runs.evaluator`) and its CLIs.
 
 Tiny workdirs are trained once per module, in-process, one per model kind and tokenizer kind
 (word, character, SentencePiece): encoder-decoders on the small `reverse` task, whose eval split
@@ -22,7 +22,8 @@ from experiments import config_utils
 from tfjax import errors
 from tfjax.data import datasets, tokenizers
 from tfjax.inference import decoding
-from tfjax.runs import evaluator, trainer, workdir
+from tfjax.runs import evaluator, trainer
+from tfjax.runs import trained as trained_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SPM_LENGTHS = ["data.max_source_len=24", "data.max_target_len=24"]  # more pieces than words
@@ -97,8 +98,12 @@ def trained(tmp_path_factory):
 
 @pytest.mark.parametrize("name", runs())
 def test_load_gives_the_decoder_of_each_kind(trained, name):
-    cls = {"seq2seq": workdir.Translator, "lm": workdir.Generator, "classify": workdir.Trained}
-    loaded = workdir.load(trained(name))
+    cls = {
+        "seq2seq": trained_lib.Translator,
+        "lm": trained_lib.Generator,
+        "classify": trained_lib.Trained,
+    }
+    loaded = trained_lib.load(trained(name))
     assert type(loaded) is cls[KIND_OF[name]] and loaded.step == 2
     assert loaded.config.model.kind == loaded.run.model_config.kind
     text = "1 0 1" if name.startswith("classify") else "s1 s2 s3"
@@ -119,20 +124,20 @@ def test_load_gives_the_decoder_of_each_kind(trained, name):
     ],
 )
 def test_load_refuses_another_kind(trained, name, kinds, expected):
-    with pytest.raises(workdir.WorkdirError, match=expected):
-        workdir.load(trained(name), kinds=kinds, tool="test")
+    with pytest.raises(trained_lib.WorkdirError, match=expected):
+        trained_lib.load(trained(name), kinds=kinds, tool="test")
 
 
 def test_load_errors_name_the_fix(trained, tmp_path):
-    with pytest.raises(workdir.WorkdirError, match=r"holds no trained run.*experiments\.train"):
-        workdir.load(tmp_path)
+    with pytest.raises(trained_lib.WorkdirError, match=r"holds no trained run.*experiments\.train"):
+        trained_lib.load(tmp_path)
     shutil.copy(trained("seq2seq_word") / "config.json", tmp_path / "config.json")
-    with pytest.raises(workdir.WorkdirError, match=r"holds no checkpoint.*experiments\.train"):
-        workdir.load(tmp_path)
-    with pytest.raises(workdir.WorkdirError, match="choose one of test, train"):
-        workdir.load(trained("seq2seq_word"), split="valid")
-    with pytest.raises(workdir.WorkdirError, match="average_last must be >= 1"):
-        workdir.load(trained("seq2seq_word"), average_last=0)
+    with pytest.raises(trained_lib.WorkdirError, match=r"holds no checkpoint.*experiments\.train"):
+        trained_lib.load(tmp_path)
+    with pytest.raises(trained_lib.WorkdirError, match="choose one of test, train"):
+        trained_lib.load(trained("seq2seq_word"), split="valid")
+    with pytest.raises(trained_lib.WorkdirError, match="average_last must be >= 1"):
+        trained_lib.load(trained("seq2seq_word"), average_last=0)
 
 
 def test_load_reports_a_missing_data_directory_as_such(trained, tmp_path, monkeypatch):
@@ -146,7 +151,7 @@ def test_load_reports_a_missing_data_directory_as_such(trained, tmp_path, monkey
 
     monkeypatch.setattr(build, "build", build_without_data)
     with pytest.raises(FileNotFoundError, match=r"corpus tinyshakespeare is not in .*missing"):
-        workdir.load(trained("seq2seq_word"))
+        trained_lib.load(trained("seq2seq_word"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,7 +159,7 @@ def test_load_reports_a_missing_data_directory_as_such(trained, tmp_path, monkey
 
 
 def test_translator_encode_truncates_and_warns(trained):
-    translator = workdir.load(trained("seq2seq_word"))  # data.max_source_len = 8
+    translator = trained_lib.load(trained("seq2seq_word"))  # data.max_source_len = 8
     lines = ["s1 s2", "", LONG_LINE, "s1 zz s2 yy", "zz"]
     encoded, warnings = translator.encode(lines)
     s1, s2, *_ = (translator.tokenizer.encode(f"s{i}")[0] for i in range(1, 10))
@@ -170,7 +175,7 @@ def test_translator_encode_truncates_and_warns(trained):
 
 @pytest.mark.parametrize("name", runs("seq2seq_word", "seq2seq_spm", "seq2seq_char"))
 def test_translate_keeps_one_output_per_line(trained, name):
-    translator = workdir.load(trained(name))
+    translator = trained_lib.load(trained(name))
     limit = translator.config.data.max_source_len - 1
     long_line = " ".join(f"s{i % 10}" for i in range(limit + 3))  # too long for either tokenizer
     lines = ["s1 s2 s3", "", long_line, "s4 zz"]
@@ -191,10 +196,10 @@ def test_translate_keeps_one_output_per_line(trained, name):
 
 
 def test_translate_option_errors(trained):
-    translator = workdir.load(trained("seq2seq_word"))
-    with pytest.raises(workdir.WorkdirError, match="beam_size and batch_size must be >= 1"):
+    translator = trained_lib.load(trained("seq2seq_word"))
+    with pytest.raises(trained_lib.WorkdirError, match="beam_size and batch_size must be >= 1"):
         translator.translate(["s1"], beam_size=0)
-    with pytest.raises(workdir.WorkdirError, match="max_length=-1: max_length must be >= 1"):
+    with pytest.raises(trained_lib.WorkdirError, match="max_length=-1: max_length must be >= 1"):
         translator.translate(["s1"], max_length=-1)
 
 
@@ -203,24 +208,24 @@ def test_translate_option_errors(trained):
 
 
 def test_generator_encode_pads_right_and_warns(trained):
-    generator = workdir.load(trained("lm_word"))
+    generator = trained_lib.load(trained("lm_word"))
     tokens, lengths, warnings = generator.encode(["s1 |", "s2 s1 s2 |", "s1 q"], 8)
     assert tokens.shape == (3, 4) and lengths.tolist() == [2, 4, 2]
     assert tokens[0, 2:].tolist() == [0, 0]
     assert warnings == ["prompt 3: q not in the model's vocabulary, read as <unk>"]
-    chars = workdir.load(trained("lm_char"))
+    chars = trained_lib.load(trained("lm_char"))
     assert chars.encode(["s1 s", "s1 sx"], 8)[2] == [
         "prompt 2: sx not in the model's vocabulary, read as <unk>"
     ]
-    with pytest.raises(workdir.WorkdirError, match="prompt 2 has 4 tokens"):
+    with pytest.raises(trained_lib.WorkdirError, match="prompt 2 has 4 tokens"):
         generator.encode(["s1", "s1 s2 s1 s2"], 4)
-    with pytest.raises(workdir.WorkdirError, match="no prompt"):
+    with pytest.raises(trained_lib.WorkdirError, match="no prompt"):
         generator.encode([], 4)
 
 
 @pytest.mark.parametrize("name", runs("lm_word", "lm_char", "lm_spm"))
 def test_generate_batches_prompts_of_different_lengths(trained, name):
-    generator = workdir.load(trained(name))
+    generator = trained_lib.load(trained(name))
     prompts = ["s1 s2 |", "s3 s1 s4 s5 s0 |"]
     outputs, warnings = generator.generate(prompts)
     assert len(outputs) == 2 and not warnings
@@ -233,14 +238,14 @@ def test_generate_batches_prompts_of_different_lengths(trained, name):
     longer, _ = generator.generate(prompts, max_length=trained_length + 6)
     assert all(a.startswith(b) for a, b in zip(longer, outputs, strict=True))
     too_long = " ".join(["s1"] * trained_length)
-    with pytest.raises(workdir.WorkdirError, match="trained length"):
+    with pytest.raises(trained_lib.WorkdirError, match="trained length"):
         generator.generate([too_long], max_length=1000)
-    with pytest.raises(workdir.WorkdirError, match="top_p"):
+    with pytest.raises(trained_lib.WorkdirError, match="top_p"):
         generator.generate(prompts, top_p=0.0)
 
 
 def test_generator_compiles_once_for_calls_of_the_same_shape(trained, monkeypatch):
-    generator = workdir.load(trained("lm_word"))
+    generator = trained_lib.load(trained("lm_word"))
     traces = []
     generate = decoding.generate
     monkeypatch.setattr(decoding, "generate", lambda *a, **k: traces.append(1) or generate(*a, **k))
@@ -279,12 +284,12 @@ def test_evaluate_with_oracle_lengths_ends_hypotheses_where_references_end(train
     assert record["oracle_length"] is True
     assert record["hypotheses"] == "eval/test_step2_beam1_oracle.hyp.txt"
     hypotheses = (path / record["hypotheses"]).read_text().splitlines()
-    run = workdir.load(path)
+    run = trained_lib.load(path)
     references = [run.tokenizer.decode(e["targets"]) for e in run.run.examples.eval]
     # every hypothesis has its reference's number of tokens (the word tokenizer: words)
     assert [len(h.split()) for h in hypotheses] == [len(r.split()) for r in references]
     assert "ORACLE output lengths" in evaluator.report(record)
-    with pytest.raises(workdir.WorkdirError, match="greedy decoding"):
+    with pytest.raises(trained_lib.WorkdirError, match="greedy decoding"):
         evaluator.evaluate_workdir(path, beam_size=2, oracle_length=True)
 
 
@@ -316,13 +321,13 @@ def test_evaluate_teacher_forced_runs(trained, name):
     assert {"loss", "accuracy"} <= set(record)
     assert "bleu" not in record and "beam_size" not in record
     assert json.loads((path / "eval.json").read_text()) == record
-    with pytest.raises(workdir.WorkdirError, match="drop --oracle_length"):
+    with pytest.raises(trained_lib.WorkdirError, match="drop --oracle_length"):
         evaluator.evaluate_workdir(path, oracle_length=True)
 
 
 @pytest.mark.parametrize("name", runs())
 def test_attention_maps_of_every_model_and_tokenizer_kind(trained, name):
-    run = workdir.load(trained(name))
+    run = trained_lib.load(trained(name))
     tokenizer = run.tokenizer
     text = tokenizer.decode(range(4, min(8, tokenizer.vocab_size)))  # ordinary tokens
     maps, shown = run.attention(text)
@@ -344,7 +349,7 @@ def test_attention_maps_of_every_model_and_tokenizer_kind(trained, name):
     for layer, weights in maps.weights.items():
         assert weights.shape[1:] == (len(maps.queries[layer]), len(maps.keys[layer])), layer
         np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5, err_msg=layer)
-    with pytest.raises(workdir.WorkdirError, match="the text is empty"):
+    with pytest.raises(trained_lib.WorkdirError, match="the text is empty"):
         run.attention("  ")
     statistics = run.attention_statistics(num_examples=3)
     assert list(statistics) == list(maps.weights)
@@ -353,7 +358,7 @@ def test_attention_maps_of_every_model_and_tokenizer_kind(trained, name):
     for layer in statistics.values():
         assert layer["rows"] > 0 and 0 < layer["max_weight"] <= 1, layer
         assert layer["entropy"] > 0 and layer["logit_std"] > 0, layer
-    with pytest.raises(workdir.WorkdirError, match="num_examples=0"):
+    with pytest.raises(trained_lib.WorkdirError, match="num_examples=0"):
         run.attention_statistics(0)
 
 
@@ -362,7 +367,7 @@ def test_evaluate_files_scores_any_text_like_the_split(trained, name, tmp_path):
     from tfjax.inference import evaluation
 
     path = trained(name)
-    run = workdir.load(path)
+    run = trained_lib.load(path)
     hypotheses, references, sources = evaluation.decode_dataset(
         run.run, run.params, beam_size=2, alpha=0.6, max_examples=6
     )
@@ -384,12 +389,12 @@ def test_evaluate_files_refuses_what_it_cannot_score(trained, tmp_path):
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("s1 s2\ns3\n")
     ref.write_text("s2 s1\n")
-    with pytest.raises(workdir.WorkdirError, match="has 2 lines but reference_file has 1"):
+    with pytest.raises(trained_lib.WorkdirError, match="has 2 lines but reference_file has 1"):
         evaluator.evaluate_files(trained("seq2seq_word"), src, ref)
-    with pytest.raises(workdir.WorkdirError, match=r"reference_file=.*no\.txt: no such file"):
+    with pytest.raises(trained_lib.WorkdirError, match=r"reference_file=.*no\.txt: no such file"):
         evaluator.evaluate_files(trained("seq2seq_word"), src, tmp_path / "no.txt")
     ref.write_text("s2 s1\ns3\n")
-    with pytest.raises(workdir.WorkdirError, match=r"use python -m experiments\.generate"):
+    with pytest.raises(trained_lib.WorkdirError, match=r"use python -m experiments\.generate"):
         evaluator.evaluate_files(trained("lm_word"), src, ref)
 
 
@@ -414,13 +419,13 @@ def test_train_resumes_on_every_kind(trained, name, tmp_path):
     train_steps = [r["step"] for r in records if r["kind"] == "train"]
     assert train_steps == sorted(set(train_steps)) and train_steps[-1] == 4, train_steps
     assert {p.name: p.read_bytes() for p in path.glob("tokenizer.*")} == tokenizer_files
-    assert workdir.load(path).step == 4
+    assert trained_lib.load(path).step == 4
 
 
 def test_evaluate_errors(trained):
-    with pytest.raises(workdir.WorkdirError, match="beam_size must be >= 1"):
+    with pytest.raises(trained_lib.WorkdirError, match="beam_size must be >= 1"):
         evaluator.evaluate_workdir(trained("seq2seq_word"), beam_size=0)
-    with pytest.raises(workdir.WorkdirError, match="max_examples must be >= 0"):
+    with pytest.raises(trained_lib.WorkdirError, match="max_examples must be >= 0"):
         evaluator.evaluate_workdir(trained("seq2seq_word"), max_examples=-1)
 
 
@@ -446,7 +451,7 @@ def test_decoding_a_workdir_reads_no_data(trained, monkeypatch):
     names = ("seq2seq_word", "lm_char", "classify_spm")
     paths = [trained(name) for name in names]  # trained (reading data) before the spy
     reads = _split_reads(monkeypatch, fail=True)
-    translator, generator, classifier = (workdir.load(path) for path in paths)
+    translator, generator, classifier = (trained_lib.load(path) for path in paths)
     outputs, _ = translator.translate(["s1 s2 s3", ""], beam_size=2)
     assert len(outputs) == 2 and outputs[1] == ""
     texts, _ = generator.generate(["s1"], max_length=8)
@@ -488,7 +493,7 @@ def data_gone(tmp_path_factory):
 
 def test_a_workdir_whose_data_is_gone_still_translates(data_gone):
     path, test, overrides = data_gone
-    outputs, _ = workdir.load(path).translate(["s1 s2"], beam_size=1)
+    outputs, _ = trained_lib.load(path).translate(["s1 s2"], beam_size=1)
     assert len(outputs) == 1
     with pytest.raises(FileNotFoundError, match=f"{test}: no such file"):
         evaluator.evaluate_workdir(path, beam_size=1)  # the split it scores: one line
@@ -537,7 +542,7 @@ def test_each_command_refuses_a_tokenizer_missing_damaged_or_another(
     file = _damage_tokenizer(path, damage)
     words = [str(file), *words, recorded[file.name]]
     # translate and generate open the workdir with `load`, evaluate with `evaluate_workdir`
-    for call in (lambda: workdir.load(path), lambda: evaluator.evaluate_workdir(path)):
+    for call in (lambda: trained_lib.load(path), lambda: evaluator.evaluate_workdir(path)):
         with pytest.raises(errors.UserError) as info:  # one `error:` line from the commands
             call()
         assert "\n" not in str(info.value) and all(w in str(info.value) for w in words), words
@@ -590,7 +595,7 @@ def test_translate_command_reads_stdin(trained, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["seq2seq_word", "lm_char", "classify_spm"])
 def test_attention_map_command_draws_one_png_per_layer(trained, name, tmp_path):
-    run = workdir.load(trained(name))
+    run = trained_lib.load(trained(name))
     text = run.tokenizer.decode(range(4, min(7, run.tokenizer.vocab_size)))
     done = _command(
         "attention_map", f"--workdir={trained(name)}", f"--text={text}", f"--out={tmp_path}"
@@ -613,7 +618,7 @@ def test_attention_map_command_draws_one_png_per_layer(trained, name, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["seq2seq_spm", "lm_char"])
 def test_attention_map_stats_command_prints_a_line_per_layer(trained, name):
-    run = workdir.load(trained(name))
+    run = trained_lib.load(trained(name))
     done = _command("attention_map", f"--workdir={trained(name)}", "--stats", "--num_examples=4")
     assert done.returncode == 0, done.stderr
     title, header, *lines = done.stdout.splitlines()

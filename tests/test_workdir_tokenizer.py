@@ -18,6 +18,7 @@ import pytest
 
 from tfjax import errors
 from tfjax.data import datasets, workdir_tokenizer
+from tfjax.models import kinds
 
 PAIRS = [
     ("a man rides a horse", "ein mann reitet ein pferd"),
@@ -59,7 +60,9 @@ def _saved(tmp_path: pathlib.Path, kind: str) -> pathlib.Path:
         (workdir / datasets.DIRECTORY).mkdir(parents=True)
         hf_checkpoints.bert_tokenizer(workdir / datasets.DIRECTORY)
     else:
-        datasets.load(_config(tmp_path, kind), "encoder_decoder", seed=0, workdir=workdir)
+        datasets.load(
+            _config(tmp_path, kind), kinds.get("encoder_decoder"), seed=0, workdir=workdir
+        )
     return workdir_tokenizer.path(kind, workdir)
 
 
@@ -165,7 +168,12 @@ def test_a_missing_tokenizer_of_a_trained_workdir_is_refused_not_rebuilt(tmp_pat
     location.unlink()
     with pytest.raises(errors.DataError) as info:
         datasets.load(
-            cfg, "encoder_decoder", seed=0, workdir=workdir, trained=True, tokenizer_sha256=recorded
+            cfg,
+            kinds.get("encoder_decoder"),
+            seed=0,
+            workdir=workdir,
+            trained=True,
+            tokenizer_sha256=recorded,
         )
     assert f"{location} is missing, but the checkpoints in {workdir} were trained" in str(
         info.value
@@ -174,21 +182,23 @@ def test_a_missing_tokenizer_of_a_trained_workdir_is_refused_not_rebuilt(tmp_pat
     assert not location.exists()
     # A workdir without checkpoints builds one (a new run), and so do the other processes of a
     # multi-process run (`save_tokenizer=False`), which never write it.
-    other = datasets.load(cfg, "encoder_decoder", seed=0, workdir=workdir, save_tokenizer=False)
+    other = datasets.load(
+        cfg, kinds.get("encoder_decoder"), seed=0, workdir=workdir, save_tokenizer=False
+    )
     assert other.tokenizer.vocab_size > 4 and not location.exists()
-    datasets.load(cfg, "encoder_decoder", seed=0, workdir=workdir)
+    datasets.load(cfg, kinds.get("encoder_decoder"), seed=0, workdir=workdir)
     assert workdir_tokenizer.sha256(location) == recorded  # the same data, the same file
 
 
 def test_new_words_in_the_training_data_warn_once_with_their_count(tmp_path, caplog):
     workdir = tmp_path / "run"
-    datasets.load(_config(tmp_path, "word"), "encoder_decoder", seed=0, workdir=workdir)
+    datasets.load(_config(tmp_path, "word"), kinds.get("encoder_decoder"), seed=0, workdir=workdir)
     # The corpus changed since the tokenizer was built: a pair with 3 unseen words (zebra twice,
     # unicycle), which the training split holds 3 times.
     new = [*PAIRS, ("a zebra rides a unicycle", "ein zebra")]
     cfg = _config(tmp_path, "word", new)
     with caplog.at_level(logging.WARNING, logger="tfjax"):
-        examples = datasets.load(cfg, "encoder_decoder", seed=0, workdir=workdir)
+        examples = datasets.load(cfg, kinds.get("encoder_decoder"), seed=0, workdir=workdir)
         assert examples.eval and not caplog.records  # the eval split is not the tokenizer's
         assert len(examples.train) == 15
         assert len(examples.train) == 15  # read once: no second warning
@@ -210,12 +220,14 @@ def test_unknown_tokens_of_overlapping_lm_windows_are_counted_once(tmp_path, cap
     paths = {"train_path": str(book), "eval_path": str(tmp_path / "test.txt")}
     cfg = datasets.DataConfig(name="files", **paths, max_target_len=8, lm_stride=1)
     workdir = tmp_path / "run"
-    datasets.load(cfg, "decoder_only", seed=0, workdir=workdir)
+    datasets.load(cfg, kinds.get("decoder_only"), seed=0, workdir=workdir)
     # The book changed: 5 unseen words, each in up to 7 of the windows of 8 tokens at every
     # offset.
     book.write_text("a zebra rides a unicycle\n" + book.read_text(), encoding="utf-8")
     with caplog.at_level(logging.WARNING, logger="tfjax"):
-        assert len(datasets.load(cfg, "decoder_only", seed=0, workdir=workdir).train) > 40
+        assert (
+            len(datasets.load(cfg, kinds.get("decoder_only"), seed=0, workdir=workdir).train) > 40
+        )
     (message,) = _unknown_warnings(caplog)
     assert "5 tokens of the training split are not in the workdir's tokenizer" in message
 
@@ -232,8 +244,8 @@ def test_an_unchanged_corpus_sentencepiece_did_not_fully_see_warns_nothing(
     cfg = dataclasses.replace(_config(tmp_path, "sentencepiece", pairs), vocab_size=200)
     workdir = tmp_path / "run"
     monkeypatch.setattr(tokenizers, "SENTENCEPIECE_SAMPLE", 101)
-    first = datasets.load(cfg, "encoder_decoder", seed=0, workdir=workdir)
+    first = datasets.load(cfg, kinds.get("encoder_decoder"), seed=0, workdir=workdir)
     assert workdir_tokenizer.unknown_tokens(first.train, first.tokenizer.unk_id) > 0
     with caplog.at_level(logging.WARNING, logger="tfjax"):
-        assert datasets.load(cfg, "encoder_decoder", seed=0, workdir=workdir).train
+        assert datasets.load(cfg, kinds.get("encoder_decoder"), seed=0, workdir=workdir).train
     assert not _unknown_warnings(caplog)

@@ -1,7 +1,8 @@
 """From the `data` group of a run config to tokenized train and eval examples.
 
 `DataConfig(**config.data)` names a data source; `load(data_config, model_kind, workdir)` reads
-its raw splits and takes them down one path: tokenizer (built or loaded) → encode → drop what
+its raw splits (`model_kind`: a `tfjax.models.kinds.ModelKind`, which names its example format)
+and takes them down one path: tokenizer (built or loaded) → encode → drop what
 does not fit the length limits → pack → `Examples`, in the batch format that the model kind
 trains on (docs/design.md, "How data flows"):
   * encoder_decoder: seq2seq pairs (source → target);
@@ -27,7 +28,7 @@ import logging
 import os
 import pathlib
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -40,9 +41,21 @@ TOKENIZERS = ("word", "char", "sentencepiece", "pretrained")
 TOKENIZER_FILE = workdir_tokenizer.TOKENIZER_FILE  # word and char vocabularies
 SENTENCEPIECE_FILE = workdir_tokenizer.SENTENCEPIECE_FILE
 DIRECTORY = workdir_tokenizer.DIRECTORY  # a pretrained checkpoint's tokenizer files
-# The example format each model kind trains on (`registry.FORMATS`).
-MODEL_FORMATS = {"encoder_decoder": "seq2seq", "decoder_only": "lm", "encoder_only": "classify"}
 MLM = "mlm"  # the format of encoder_only models with the masked-LM head; read as "lm" text
+
+
+@runtime_checkable
+class ModelKind(Protocol):
+    """What this module reads of a model kind (`tfjax.models.kinds.ModelKind`, which the
+    data layer does not import)."""
+
+    name: str
+
+    def example_format(self, encoder_head: str) -> str:
+        """The example format it trains on: one of `registry.FORMATS`, or `MLM`."""
+
+    def kinds_for(self, formats: tuple[str, ...]) -> tuple[str, ...]:
+        """The names of the model kinds that train on one of `formats` (for messages)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,16 +242,9 @@ class Examples:
         return self
 
 
-def example_format(model_kind: str, encoder_head: str = "classify") -> str:
-    """The example format a model trains on: `MODEL_FORMATS`, or "mlm" for the MLM head."""
-    return (
-        MLM if model_kind == "encoder_only" and encoder_head == MLM else MODEL_FORMATS[model_kind]
-    )
-
-
-def _format(source: registry.Source, model_kind: str, encoder_head: str) -> str:
+def _format(source: registry.Source, model_kind: ModelKind, encoder_head: str) -> str:
     """The example format `model_kind` trains on, if `source` provides it."""
-    fmt = example_format(model_kind, encoder_head)
+    fmt = model_kind.example_format(encoder_head)
     if fmt == MLM and "lm" not in source.formats:
         raise errors.ConfigError(
             f"data.name={source.name!r} cannot train a masked-LM model: it provides "
@@ -248,9 +254,9 @@ def _format(source: registry.Source, model_kind: str, encoder_head: str) -> str:
     if fmt == MLM:
         return fmt
     if fmt not in source.formats:
-        kinds = [kind for kind, wanted in MODEL_FORMATS.items() if wanted in source.formats]
+        kinds = model_kind.kinds_for(source.formats)
         raise errors.ConfigError(
-            f"data.name={source.name!r} cannot train a model of kind {model_kind!r}: it "
+            f"data.name={source.name!r} cannot train a model of kind {model_kind.name!r}: it "
             f"provides {'/'.join(source.formats)} examples, which train {' or '.join(kinds)} "
             "models"
         )
@@ -394,7 +400,7 @@ def _train_examples(raw, fmt: str, tokenizer, cfg: DataConfig, seed: int, ids=No
 
 def load(
     cfg: DataConfig,
-    model_kind: str,
+    model_kind: ModelKind,
     *,
     seed: int,
     workdir: str | os.PathLike | None = None,
@@ -512,7 +518,7 @@ def _load_held_out(source, cfg: DataConfig, fmt: str, tokenizer, seed: int) -> H
 
 
 def train_row_shapes(
-    cfg: DataConfig, model_kind: str, encoder_head: str = "classify"
+    cfg: DataConfig, model_kind: ModelKind, encoder_head: str = "classify"
 ) -> dict[str, tuple[int, ...]]:
     """The shape of each field of one training row `load` would give, without reading data.
 

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfjax.data import pipeline, tokenizers
+from tfjax.models import kinds
 from tfjax.nn import stacking
 from tfjax.nn.attention import module as attention_module
 
@@ -142,14 +143,14 @@ def example_maps(
         predicts (`targets[i]`); self-attention columns are the tokens it reads ("<bos>",
         targets[0], ...); cross-attention columns are the input tokens.
     """
-    kind = model.config.kind
+    fields = kinds.get(model.config.kind).fields
     args, kwargs, labels = [], {}, {}
-    if kind in ("encoder_decoder", "encoder_only"):
+    if "inputs" in fields:
         source = _ids("inputs", inputs)
         args.append(jnp.asarray(source[None]))
         kwargs["inputs_segment_ids"] = jnp.ones((1, source.size), jnp.int32)
         labels["encoder"] = tokenizer.pieces(source)
-    if kind in ("encoder_decoder", "decoder_only"):
+    if "targets" in fields:
         target = _ids("targets", targets)
         args.append(jnp.asarray(target[None]))
         kwargs["targets_segment_ids"] = jnp.ones((1, target.size), jnp.int32)
@@ -242,8 +243,7 @@ def statistics(
         raise ValueError("no examples to summarise attention over")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    fields = {"encoder_decoder": ["inputs", "targets"], "decoder_only": ["targets"]}
-    fields = fields.get(model.config.kind, ["inputs"])
+    fields = list(kinds.get(model.config.kind).fields)
 
     @jax.jit
     def sums(params, batch):

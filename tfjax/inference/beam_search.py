@@ -361,7 +361,7 @@ def beam_search(
     Raises:
       ValueError: for another model kind or bad options.
     """
-    decoding.check_model(model, ("encoder_decoder",), max_length)
+    decoding.check_model(model, ("source",), max_length)
     rules = Rules(alpha, penalty, stopping, tuple(forbidden_ids), force_eos)
     _check_options(beam_size, rules, num_return)
     phases = decoding.cache_phases(max_length, cache_start)

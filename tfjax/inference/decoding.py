@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from tfjax.models import kinds
 from tfjax.nn import losses, positional
 from tfjax.nn.attention import cache as kv_cache
 
@@ -40,14 +41,17 @@ def after_eos(tokens: Int[Array, "B L"], eos_id: int) -> Bool[Array, "B L"]:
     return (seen - (tokens == eos_id)) > 0
 
 
-def check_model(model: nn.Module, kinds: tuple[str, ...], max_length: int) -> str:
-    """Returns `model.config.kind`; ValueError unless it is in `kinds` and max_length fits."""
+def check_model(model: nn.Module, decodings: tuple[str, ...], max_length: int) -> str:
+    """Returns how the model's kind decodes (`kinds.ModelKind.decoding`: "source" or
+    "prompt"); ValueError unless that is one of `decodings` and max_length fits."""
     cfg = getattr(model, "config", None)
     kind = getattr(cfg, "kind", None)
-    if kind not in kinds:
-        raise ValueError(f"model must be one of the kinds {kinds}, got {kind!r}")
+    found = kinds.get(kind).decoding if kind in kinds.names() else None
+    if found not in decodings:
+        allowed = tuple(name for d in decodings for name in kinds.names(decoding=d))
+        raise ValueError(f"model must be one of the kinds {allowed}, got {kind!r}")
     check_lengths(model, max_length)
-    return kind
+    return found
 
 
 def check_lengths(model: nn.Module, max_length: int) -> None:
@@ -89,10 +93,10 @@ def init_cache(
     Raises:
       ValueError: for another model kind, a missing source_length or max_length < 1.
     """
-    kind = check_model(model, ("encoder_decoder", "decoder_only"), max_length)
+    decoded = check_model(model, ("source", "prompt"), max_length)
     tokens = jnp.zeros((batch_size, max_length), jnp.int32)
     kwargs = {"positions": positional.default_positions(tokens)}
-    if kind == "encoder_decoder":
+    if decoded == "source":
         if source_length is None:
             raise ValueError("init_cache needs source_length for an encoder-decoder model")
         cfg = model.config
@@ -466,12 +470,13 @@ def decode_loop(
 
 
 def _check_generate_inputs(
-    kind: str, inputs: Int[Array, "B S"] | None, prompts: Int[Array, "B P"] | None
+    decoded: str, inputs: Int[Array, "B S"] | None, prompts: Int[Array, "B P"] | None
 ) -> None:
-    """ValueError unless an encoder-decoder gets `inputs` alone, a decoder-only `prompts` alone."""
-    if kind == "encoder_decoder" and (inputs is None or prompts is not None):
+    """ValueError unless an encoder-decoder ("source") gets `inputs` alone, a decoder-only
+    ("prompt") `prompts` alone."""
+    if decoded == "source" and (inputs is None or prompts is not None):
         raise ValueError("an encoder-decoder model needs `inputs` and no `prompts`")
-    if kind == "decoder_only" and (prompts is None or inputs is not None):
+    if decoded == "prompt" and (prompts is None or inputs is not None):
         raise ValueError("a decoder-only model needs `prompts` ([B, 0] for none) and no `inputs`")
 
 
@@ -556,11 +561,11 @@ def generate(
     Raises:
       ValueError: for a bad option, missing or extra inputs/prompts, or another model kind.
     """
-    kind = check_model(model, ("encoder_decoder", "decoder_only"), max_length)
-    if lengths is not None and kind != "encoder_decoder":
+    decoded = check_model(model, ("source", "prompt"), max_length)
+    if lengths is not None and decoded != "source":
         raise ValueError("lengths (oracle output lengths) is for encoder-decoder models")
     _check_sampling(temperature, top_k, top_p, rng)
-    _check_generate_inputs(kind, inputs, prompts)
+    _check_generate_inputs(decoded, inputs, prompts)
     phases = cache_phases(max_length, cache_start)
     step_fn, cache, bos = _start_generation(
         model,
@@ -632,7 +637,7 @@ def generate_sliding(
     Raises:
       ValueError: for another model kind, N < `context` or L <= N.
     """
-    check_model(model, ("decoder_only",), context + 1)
+    check_model(model, ("prompt",), context + 1)
     _check_sampling(temperature, top_k, top_p, rng)
     batch, n = tokens.shape
     if context < 1 or n < context or max_length <= n:

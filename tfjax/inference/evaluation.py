@@ -11,7 +11,7 @@ imported inside the functions that need it, so importing this module stays cheap
 (`beam_search.beam_search`, best hypothesis). `decode_dataset` runs it over the run's eval
 examples and detokenizes hypotheses, references (the targets) and sources with the run's
 tokenizer; `decode_sources` does the same for token ids from elsewhere (e.g.
-`tfjax.runs.workdir.Translator`). Both run on one host: every example goes through this process.
+`tfjax.runs.trained.Translator`). Both run on one host: every example goes through this process.
 """
 
 import functools
@@ -208,7 +208,7 @@ def make_decoder(
         alpha: the beam search length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016).
         max_length: L, the target positions to produce (EOS included).
         search: more `beam_search.beam_search` options (`SEARCH_OPTIONS`), e.g. a converted
-            checkpoint's (`tfjax.runs.workdir.decoding_defaults`); None: the defaults.
+            checkpoint's (`tfjax.runs.trained.decoding_defaults`); None: the defaults.
 
     Returns:
         `decode(params, inputs, inputs_segment_ids, lengths=None) -> tokens`: inputs and

@@ -12,11 +12,11 @@ Sources:
 
 import flax.linen as nn
 
+from tfjax.models import kinds
 from tfjax.models.common import shift_right
 from tfjax.models.config import (
     DTYPES,
     ENCODER_HEADS,
-    KINDS,
     OUTPUT_BIASES,
     POSITIONALS,
     PRESETS,
@@ -30,7 +30,6 @@ from tfjax.models.encoder_only import EncoderOnly
 __all__ = [
     "DTYPES",
     "ENCODER_HEADS",
-    "KINDS",
     "OUTPUT_BIASES",
     "POSITIONALS",
     "PRESETS",
@@ -39,17 +38,12 @@ __all__ = [
     "EncoderOnly",
     "ModelConfig",
     "create_model",
+    "kinds",
     "preset",
     "shift_right",
 ]
 
-_MODELS = {
-    "encoder_decoder": EncoderDecoder,
-    "encoder_only": EncoderOnly,
-    "decoder_only": DecoderOnly,
-}
-
 
 def create_model(config: ModelConfig) -> nn.Module:
-    """The model class selected by `config.kind`, bound to `config`."""
-    return _MODELS[config.kind](config)
+    """The model class of the kind `config.kind` names (`kinds.get`), bound to `config`."""
+    return kinds.get(config.kind).model(config)

@@ -2,7 +2,8 @@
 
 Defaults are the base model of Vaswani et al. 2017 (Table 3); `preset("big")` is the big one.
 `ModelConfig` is built as `ModelConfig(**config.model)` from an ml_collections config and is
-frozen. The models that read it are in `encoder_decoder`, `encoder_only` and `decoder_only`.
+frozen. The models that read it are in `encoder_decoder`, `encoder_only` and `decoder_only`;
+`kind` names one of them (`tfjax.models.kinds`).
 """
 
 import dataclasses
@@ -12,9 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from tfjax import errors
+from tfjax.models import kinds
 from tfjax.nn import attention, layers, norms, positional, stacking
 
-KINDS = ("encoder_decoder", "encoder_only", "decoder_only")
 POSITIONALS = ("sinusoidal", "learned", "relative", "rotary", "alibi", "none")
 ENCODER_HEADS = ("classify", "mlm")
 OUTPUT_BIASES = ("auto", "on", "off")
@@ -144,7 +145,6 @@ class ModelConfig:
 
 
 _CHOICES = {
-    "kind": KINDS,
     "positional": POSITIONALS,
     "positional_combine": positional.COMBINE_MODES,
     "sinusoidal_layout": positional.SINUSOIDAL_LAYOUTS,
@@ -163,7 +163,7 @@ _CHOICES = {
 
 
 def _check_choices(cfg: ModelConfig) -> None:
-    for field, allowed in _CHOICES.items():
+    for field, allowed in {"kind": kinds.names(), **_CHOICES}.items():
         if getattr(cfg, field) not in allowed:
             raise errors.ConfigError(
                 f"ModelConfig.{field}={getattr(cfg, field)!r} is not one of {allowed}"

@@ -3,7 +3,7 @@
 import flax.linen as nn
 from jaxtyping import Array, Float, Int
 
-from tfjax.models import common, transformer
+from tfjax.models import common, kinds, transformer
 from tfjax.models.config import ModelConfig
 
 
@@ -43,3 +43,25 @@ class DecoderOnly(nn.Module, common.OutputMixin):
             tokens, segment_ids=None, positions=positions, deterministic=True, decode=True
         )
         return self._logits(x)
+
+
+def _counts(cfg: ModelConfig, source_len: int, target_len: int) -> kinds.Counts:
+    """Causal self-attention L x L in each layer; every position is an output."""
+    pairs = cfg.num_layers * target_len * target_len
+    return kinds.Counts(attention_pairs=pairs, output_tokens=target_len, vocab_output=True)
+
+
+KIND = kinds.register(
+    kinds.ModelKind(
+        name="decoder_only",
+        model=DecoderOnly,
+        fields=("targets",),
+        data_format="lm",
+        scores="targets",
+        counts=_counts,
+        decoding="prompt",
+        facade="generator",
+        tool="experiments.generate",
+        train_example="configs/lm.py:cpu",
+    )
+)

@@ -3,7 +3,7 @@
 import flax.linen as nn
 from jaxtyping import Array, Float, Int
 
-from tfjax.models import common, transformer
+from tfjax.models import common, kinds, transformer
 from tfjax.models.config import ModelConfig
 
 
@@ -120,3 +120,26 @@ class EncoderDecoder(nn.Module, common.OutputMixin):
             targets_positions=targets_positions,
             deterministic=deterministic,
         )
+
+
+def _counts(cfg: ModelConfig, source_len: int, target_len: int) -> kinds.Counts:
+    """Encoder self-attention S x S, decoder self-attention L x L and cross-attention L x S."""
+    pairs = cfg.num_layers * source_len * source_len
+    pairs += cfg.num_decoder_layers * (target_len * target_len + target_len * source_len)
+    return kinds.Counts(attention_pairs=pairs, output_tokens=target_len, vocab_output=True)
+
+
+KIND = kinds.register(
+    kinds.ModelKind(
+        name="encoder_decoder",
+        model=EncoderDecoder,
+        fields=("inputs", "targets"),
+        data_format="seq2seq",
+        scores="targets",
+        counts=_counts,
+        decoding="source",
+        facade="translator",
+        tool="experiments.translate",
+        train_example="configs/base.py:cpu",
+    )
+)

@@ -4,8 +4,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from tfjax.models import common, transformer
-from tfjax.models.config import ModelConfig
+from tfjax.models import common, kinds, transformer
+from tfjax.models.config import ENCODER_HEADS, ModelConfig
 from tfjax.nn import layers, linear
 
 
@@ -73,3 +73,30 @@ class EncoderOnly(nn.Module):
             if self.config.has_output_bias
             else logits
         )
+
+
+def _counts(cfg: ModelConfig, source_len: int, target_len: int) -> kinds.Counts:
+    """Self-attention S x S; the output is every position (MLM head) or one row (classifier)."""
+    mlm = cfg.encoder_head == "mlm"
+    return kinds.Counts(
+        attention_pairs=cfg.num_layers * source_len * source_len,
+        output_tokens=source_len if mlm else 1,
+        vocab_output=cfg.encoder_head != "classify",
+    )
+
+
+KIND = kinds.register(
+    kinds.ModelKind(
+        name="encoder_only",
+        model=EncoderOnly,
+        fields=("inputs",),
+        data_format="classify",
+        scores="labels",
+        counts=_counts,
+        decoding=None,
+        facade="trained",
+        tool="experiments.evaluate",
+        train_example="configs/classify.py:cpu",
+        heads=ENCODER_HEADS,
+    )
+)

@@ -20,6 +20,7 @@ from typing import Any
 import jax
 
 from tfjax.models import config as config_lib
+from tfjax.models import kinds
 
 
 def _stack_tokens(path: tuple[str, ...], tokens: dict[str, int]) -> int:
@@ -29,19 +30,6 @@ def _stack_tokens(path: tuple[str, ...], tokens: dict[str, int]) -> int:
     if top == "decoder":
         return tokens["source"] if "cross_attention" in path and "kv" in path else tokens["target"]
     return tokens["output"]
-
-
-def _attention_flops(cfg: config_lib.ModelConfig, batch: int, source: int, target: int) -> int:
-    """Forward FLOPs of QKᵀ and PV over every attention layer."""
-    width = cfg.num_heads * (cfg.head_dim or cfg.embed_dim // cfg.num_heads)  # N · H
-    if cfg.kind == "encoder_only":
-        pairs = cfg.num_layers * source * source
-    elif cfg.kind == "decoder_only":
-        pairs = cfg.num_layers * target * target
-    else:
-        pairs = cfg.num_layers * source * source
-        pairs += cfg.num_decoder_layers * (target * target + target * source)
-    return 4 * batch * pairs * width
 
 
 def train_flops(
@@ -60,16 +48,20 @@ def train_flops(
     Returns:
         FLOPs (see the module docstring for what counts).
     """
-    output = {"encoder_only": source_len if cfg.encoder_head == "mlm" else 1}.get(
-        cfg.kind, target_len
-    )
+    counts = kinds.get(cfg.kind).counts(cfg, source_len, target_len)
+    output = counts.output_tokens
     tokens = {"source": batch * source_len, "target": batch * target_len, "output": batch * output}
     total = 0
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         names = tuple(str(getattr(key, "key", key)) for key in path)
         if names[-1] == "kernel":
             total += 6 * math.prod(leaf.shape) * _stack_tokens(names, tokens)
-    tied = cfg.tie_output and not (cfg.kind == "encoder_only" and cfg.encoder_head == "classify")
-    if tied:
+    if cfg.tie_output and counts.vocab_output:
         total += 6 * cfg.vocab_size * cfg.token_width * tokens["output"]
-    return float(total + 3 * _attention_flops(cfg, batch, source_len, target_len))
+    return float(total + 3 * _attention_flops(cfg, batch, counts.attention_pairs))
+
+
+def _attention_flops(cfg: config_lib.ModelConfig, batch: int, pairs: int) -> int:
+    """Forward FLOPs of QKᵀ and PV over every attention layer (`pairs`: `Counts`, per row)."""
+    width = cfg.num_heads * (cfg.head_dim or cfg.embed_dim // cfg.num_heads)  # N · H
+    return 4 * batch * pairs * width

@@ -30,6 +30,7 @@ import numpy as np
 
 from tfjax import errors, models
 from tfjax.data import pretrained_tokenizer
+from tfjax.models import kinds
 from tfjax.nn import stacking
 from tfjax.pretrained import bert, checkpoint, gpt2, marian, t5
 
@@ -67,9 +68,9 @@ def abstract_params(config: models.ModelConfig) -> dict:
     """The model's parameters as `jax.ShapeDtypeStruct`s (nothing is allocated)."""
     model = models.create_model(config)
     row = jax.ShapeDtypeStruct((1, 1), jnp.int32)
-    args = {"encoder_decoder": (row, row), "decoder_only": (row,), "encoder_only": (row,)}
+    args = (row,) * len(kinds.get(config.kind).fields)  # one row per positional argument
     init = lambda *a: model.init(jax.random.key(0), *a)  # noqa: E731
-    return jax.eval_shape(init, *args[config.kind])["params"]
+    return jax.eval_shape(init, *args)["params"]
 
 
 def _names(tensors: dict, fam: ModuleType) -> dict:
@@ -197,8 +198,9 @@ def save(
 
 
 def head_of(config: models.ModelConfig) -> str | None:
-    """The head of an encoder-only model ("mlm", "classify"); None for the other kinds."""
-    return config.encoder_head if config.kind == "encoder_only" else None
+    """The head of an encoder-only model ("mlm", "classify"); None for the other kinds (those
+    without `kinds.ModelKind.heads`)."""
+    return config.encoder_head if kinds.get(config.kind).heads else None
 
 
 def _prefixed(hf_config: dict, fam: ModuleType) -> bool:

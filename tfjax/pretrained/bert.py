@@ -23,6 +23,7 @@ cross-entropy (`problem_type` "multi_label_classification" or "regression", or o
 import logging
 
 from tfjax import models
+from tfjax.models import encoder_only
 from tfjax.pretrained import checkpoint
 from tfjax.pretrained.checkpoint import Entry
 
@@ -105,7 +106,7 @@ def model_config(hf: dict, head: str | None = None) -> models.ModelConfig:
     if head == "classify":
         _check_problem_type(hf)
     return models.ModelConfig(
-        kind="encoder_only",
+        kind=encoder_only.KIND.name,
         encoder_head=head,
         num_classes=len(hf.get("id2label") or {0: 0, 1: 1}),
         vocab_size=hf["vocab_size"],

@@ -10,6 +10,7 @@ The decoder starts from `bos_token_id` (`<|endoftext|>`), as GPT-2 text is separ
 """
 
 from tfjax import models
+from tfjax.models import decoder_only
 from tfjax.pretrained import checkpoint
 from tfjax.pretrained.checkpoint import Entry
 
@@ -33,7 +34,7 @@ def model_config(hf: dict, head: str | None = None) -> models.ModelConfig:
     checkpoint.check_head(head, (None,), MODEL_TYPE)
     d = hf["n_embd"]
     return models.ModelConfig(
-        kind="decoder_only",
+        kind=decoder_only.KIND.name,
         vocab_size=hf["vocab_size"],
         embed_dim=d,
         num_layers=hf["n_layer"],

@@ -27,6 +27,7 @@ import json
 import pathlib
 
 from tfjax import models
+from tfjax.models import encoder_decoder
 from tfjax.pretrained import checkpoint
 from tfjax.pretrained.checkpoint import Entry
 
@@ -80,7 +81,7 @@ def model_config(hf: dict, head: str | None = None) -> models.ModelConfig:
     checkpoint.check_head(head, (None,), MODEL_TYPE)
     _check_shapes(hf)
     return models.ModelConfig(
-        kind="encoder_decoder",
+        kind=encoder_decoder.KIND.name,
         vocab_size=hf["vocab_size"],
         embed_dim=hf["d_model"],
         num_layers=hf["encoder_layers"],

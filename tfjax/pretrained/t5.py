@@ -29,6 +29,7 @@ import json
 import pathlib
 
 from tfjax import models
+from tfjax.models import encoder_decoder
 from tfjax.pretrained import checkpoint
 from tfjax.pretrained.checkpoint import Entry
 
@@ -70,7 +71,7 @@ def model_config(hf: dict, head: str | None = None) -> models.ModelConfig:
     _check(hf, head)
     rate = hf.get("dropout_rate", 0.1)
     return models.ModelConfig(
-        kind="encoder_decoder",
+        kind=encoder_decoder.KIND.name,
         vocab_size=hf["vocab_size"],
         embed_dim=hf["d_model"],
         num_layers=hf["num_layers"],

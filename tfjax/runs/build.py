@@ -4,7 +4,7 @@
 examples, the parallel strategy, the compiled train and eval steps and the abstract train state.
 `restore(config, workdir)` adds the parameters of a checkpoint. `load_config_json` reads the
 `config.json` a run keeps in its workdir (`provenance.write_config_json` writes it). The training
-loop (`tfjax.runs.trainer`) and the decoding tools (`tfjax.runs.workdir`) both start here.
+loop (`tfjax.runs.trainer`) and the decoding tools (`tfjax.runs.trained`) both start here.
 Checkpoints written with the other `model.scan_layers` layout, or with the former Muon optimizer
 state, are converted as they are read (`layout_conversion`).
 """
@@ -26,7 +26,7 @@ import numpy as np
 from tfjax import errors, models
 from tfjax.data import datasets, pipeline, tokenizers, workdir_tokenizer
 from tfjax.inference import decoding
-from tfjax.models import partitioning
+from tfjax.models import kinds, partitioning
 from tfjax.nn import stacking
 from tfjax.parallel import distributed, layout, strategies
 from tfjax.runs import provenance
@@ -212,10 +212,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     profiling.check_steps(config.train.profile_steps)
     if not 0 < config.train.mlm_rate < 1:
         raise errors.ConfigError(f"train.mlm_rate must be in (0, 1), got {config.train.mlm_rate}")
-    if not config.train.predict_eos and config.model.kind == "encoder_only":
+    if not config.train.predict_eos and kinds.get(config.model.kind).scores != "targets":
         raise errors.ConfigError(
-            "train.predict_eos=False is for models that generate (encoder_decoder, "
-            "decoder_only); drop it for this encoder_only run"
+            "train.predict_eos=False is for models that generate "
+            f"({', '.join(kinds.names(scores='targets'))}); drop it for this "
+            f"{config.model.kind} run"
         )
     if config.parallel.mode not in strategies.MODES:
         raise errors.ConfigError(
@@ -226,14 +227,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         if not isinstance(value, int) or value < 1:
             raise errors.ConfigError(f"parallel.{field} must be an integer >= 1, got {value!r}")
     _check_layout(config)
-
-
-# The data lengths each model kind reads: each is the longest row (or packed segment) of a stack.
-DATA_LENGTHS = {
-    "encoder_decoder": ("max_source_len", "max_target_len"),
-    "decoder_only": ("max_target_len",),
-    "encoder_only": ("max_source_len",),
-}
 
 
 def _check_positions(config: ml_collections.ConfigDict) -> None:
@@ -247,7 +240,7 @@ def _check_positions(config: ml_collections.ConfigDict) -> None:
     model = config.model
     if model.positional != "learned":
         return
-    for key in DATA_LENGTHS[model.kind]:
+    for key in kinds.get(model.kind).lengths:  # the longest row (or packed segment) of a stack
         length = config.data[key]
         if length > model.max_len:
             raise errors.ConfigError(
@@ -332,7 +325,7 @@ def load_examples(
     load = functools.partial(
         datasets.load,
         datasets.DataConfig(**config.data),
-        config.model.kind,
+        kinds.get(config.model.kind),
         seed=config.seed,
         workdir=workdir,
         encoder_head=config.model.encoder_head,
@@ -405,7 +398,9 @@ def sample_batch(config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
     """A batch of one training row, int32 zeros [1, ...] on the host, of the shapes
     `datasets.train_row_shapes` gives: what the abstract train state needs, no data read."""
     rows = datasets.train_row_shapes(
-        datasets.DataConfig(**config.data), config.model.kind, config.model.encoder_head
+        datasets.DataConfig(**config.data),
+        kinds.get(config.model.kind),
+        config.model.encoder_head,
     )
     return {key: np.zeros((1, *shape), np.int32) for key, shape in rows.items()}
 
@@ -445,7 +440,7 @@ def make_masking(config: ml_collections.ConfigDict, tokenizer=None) -> mlm.Maski
     Raises:
         tfjax.errors.ConfigError: for a tokenizer without a mask token.
     """
-    if datasets.example_format(config.model.kind, config.model.encoder_head) != datasets.MLM:
+    if kinds.get(config.model.kind).example_format(config.model.encoder_head) != datasets.MLM:
         return None
     if tokenizer is None:
         return mlm.Masking(mask_id=1, vocab_size=2, special_ids=(0,), rate=config.train.mlm_rate)

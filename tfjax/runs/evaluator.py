@@ -2,7 +2,7 @@
 
 `evaluate(run, params)` is what the training loop logs every `train.eval_every_steps` and at the
 end; sums are taken over every host's slice of the split, so the numbers are exact on a pod.
-`evaluate_workdir` restores a workdir (`tfjax.runs.workdir.load`), adds beam-search BLEU, chrF
+`evaluate_workdir` restores a workdir (`tfjax.runs.trained.load`), adds beam-search BLEU, chrF
 and exact match for seq2seq runs, and writes `eval.json`: `experiments.evaluate` is its CLI.
 """
 
@@ -15,9 +15,9 @@ import jax
 import numpy as np
 
 from tfjax.data import datasets, pipeline
+from tfjax.models import kinds
 from tfjax.nn import losses
-from tfjax.runs import build
-from tfjax.runs import workdir as workdir_lib
+from tfjax.runs import build, trained
 from tfjax.training import storage
 
 log = logging.getLogger(__name__)
@@ -118,22 +118,22 @@ def _check_options(
 ) -> None:
     """None: the workdir's default (`workdir.Trained.search_options`)."""
     if beam_size is not None and beam_size < 1:
-        raise workdir_lib.WorkdirError(f"beam_size must be >= 1 (1 = greedy), got {beam_size}")
+        raise trained.WorkdirError(f"beam_size must be >= 1 (1 = greedy), got {beam_size}")
     if alpha is not None and alpha < 0:
-        raise workdir_lib.WorkdirError(f"alpha must be >= 0, got {alpha}")
+        raise trained.WorkdirError(f"alpha must be >= 0, got {alpha}")
     if max_examples < 0:
-        raise workdir_lib.WorkdirError(f"max_examples must be >= 0 (0 = all), got {max_examples}")
+        raise trained.WorkdirError(f"max_examples must be >= 0 (0 = all), got {max_examples}")
     if batch_size < 1:
-        raise workdir_lib.WorkdirError(f"batch_size must be >= 1, got {batch_size}")
+        raise trained.WorkdirError(f"batch_size must be >= 1, got {batch_size}")
 
 
-def _decoded_scores(trained, name: str, **options) -> dict[str, Any]:
+def _decoded_scores(restored, name: str, **options) -> dict[str, Any]:
     """Decodes the split, writes the hypotheses file and scores it (BLEU, chrF, exact match);
     `warnings` when most hypotheses are empty (`workdir.empty_outputs`)."""
     from tfjax.inference import evaluation
 
-    hypotheses, references, _ = evaluation.decode_dataset(trained.run, trained.params, **options)
-    path = trained.workdir / "eval" / f"{name}.hyp.txt"
+    hypotheses, references, _ = evaluation.decode_dataset(restored.run, restored.params, **options)
+    path = restored.workdir / "eval" / f"{name}.hyp.txt"
     _write(path, "".join(f"{line}\n" for line in hypotheses))
     scores = {
         "num_examples": len(hypotheses),
@@ -142,20 +142,20 @@ def _decoded_scores(trained, name: str, **options) -> dict[str, Any]:
         "exact_match": evaluation.exact_match(hypotheses, references),
         "bleu_signature": evaluation.bleu_signature(),
         "chrf_signature": evaluation.chrf_signature(),
-        "hypotheses": str(path.relative_to(trained.workdir)),
+        "hypotheses": str(path.relative_to(restored.workdir)),
     }
-    warnings = workdir_lib.empty_outputs(hypotheses)  # a model that stops at once
+    warnings = trained.empty_outputs(hypotheses)  # a model that stops at once
     return {**scores, "warnings": warnings} if warnings else scores
 
 
-def _sampled_windows(trained, count: int) -> dict[str, Any]:
+def _sampled_windows(restored, count: int) -> dict[str, Any]:
     """Text-stream LMs: the loss on `count` windows at random offsets (nanoGPT's estimate)."""
-    stream = trained.run.examples.eval_stream
+    stream = restored.run.examples.eval_stream
     if stream is None or not count:
         return {}
-    length = trained.config.data.max_target_len
+    length = restored.config.data.max_target_len
     windows = datasets.sample_windows(stream, length, count, seed=0)
-    sampled = evaluate(trained.run, trained.params, examples=windows)
+    sampled = evaluate(restored.run, restored.params, examples=windows)
     return {"sampled_windows": count, "sampled_nll": sampled["nll"]}
 
 
@@ -190,38 +190,38 @@ def evaluate_workdir(
     _check_options(beam_size, alpha, max_examples, batch_size)
     if oracle_length:
         if beam_size not in (None, 1):
-            raise workdir_lib.WorkdirError(
+            raise trained.WorkdirError(
                 f"oracle lengths are for greedy decoding: pass beam_size 1, not {beam_size}"
             )
         beam_size = 1
     check_writable(workdir)
-    trained = workdir_lib.load(
+    restored = trained.load(
         workdir, tool="experiments.evaluate", step=step, split=split, average_last=average_last
     )
-    if oracle_length and trained.run.examples.format != "seq2seq":
-        raise workdir_lib.WorkdirError(
+    if oracle_length and restored.run.examples.format != "seq2seq":
+        raise trained.WorkdirError(
             f"oracle lengths are for decoded (seq2seq) runs; this is a "
-            f"{trained.run.model_config.kind} run: drop --oracle_length"
+            f"{restored.run.model_config.kind} run: drop --oracle_length"
         )
-    trained_without_eos = not trained.config.train.predict_eos
-    if trained_without_eos and trained.run.examples.format == "seq2seq" and not oracle_length:
+    trained_without_eos = not restored.config.train.predict_eos
+    if trained_without_eos and restored.run.examples.format == "seq2seq" and not oracle_length:
         log.warning(
             "this run was trained without EOS (train.predict_eos=False): its hypotheses end "
             "only at data.max_target_len; pass --oracle_length to give them the reference's"
         )
-    split = trained.config.data.eval_split
-    scores = evaluate(trained.run, trained.params, max_examples=max_examples)
-    count = min(max_examples or len(trained.run.examples.eval), len(trained.run.examples.eval))
-    record = {"split": split, "step": trained.step, "num_examples": count}
+    split = restored.config.data.eval_split
+    scores = evaluate(restored.run, restored.params, max_examples=max_examples)
+    count = min(max_examples or len(restored.run.examples.eval), len(restored.run.examples.eval))
+    record = {"split": split, "step": restored.step, "num_examples": count}
     if trained_without_eos:
         record["predict_eos"] = False
-    name = f"{split}_step{trained.step}"
+    name = f"{split}_step{restored.step}"
     if average_last > 1:
         record["averaged_checkpoints"] = average_last
         name += f"_avg{average_last}"
-    if trained.run.examples.format == "seq2seq":
+    if restored.run.examples.format == "seq2seq":
         # None: the workdir's defaults (a converted checkpoint's own decoding, else 4 and 0.6)
-        options = trained.search_options(beam_size, alpha, None)
+        options = restored.search_options(beam_size, alpha, None)
         name += _decoding_suffix(options["beam_size"], options["alpha"])
         name += "_oracle" if oracle_length else ""
         scores["teacher_forced_exact_match"] = scores.pop("exact_match")
@@ -229,12 +229,12 @@ def evaluate_workdir(
         if oracle_length:
             record["oracle_length"] = True
         options.update(max_examples=max_examples, batch_size=batch_size)
-        record.update(_decoded_scores(trained, name, oracle_length=oracle_length, **options))
-    record.update(_sampled_windows(trained, sample_windows))
+        record.update(_decoded_scores(restored, name, oracle_length=oracle_length, **options))
+    record.update(_sampled_windows(restored, sample_windows))
     record.update(scores)
     text = json.dumps(record, indent=2) + "\n"
-    _write(trained.workdir / "eval" / f"{name}.json", text)
-    _write(trained.workdir / EVAL_FILE, text)
+    _write(restored.workdir / "eval" / f"{name}.json", text)
+    _write(restored.workdir / EVAL_FILE, text)
     return record
 
 
@@ -295,21 +295,21 @@ def evaluate_files(
         tfjax.errors.DataError: for bytes that are not UTF-8 (file, line and column named).
     """
     _check_options(beam_size, alpha, max_examples, batch_size)
-    sources = workdir_lib.read_lines(source_file, "source_file")
-    references = workdir_lib.read_lines(reference_file, "reference_file")
+    sources = trained.read_lines(source_file, "source_file")
+    references = trained.read_lines(reference_file, "reference_file")
     if len(sources) != len(references):
-        raise workdir_lib.WorkdirError(
+        raise trained.WorkdirError(
             f"source_file has {len(sources)} lines but reference_file has {len(references)}: "
             "the files must be line-aligned"
         )
     if max_examples:
         sources, references = sources[:max_examples], references[:max_examples]
     if not sources:
-        raise workdir_lib.WorkdirError(f"source_file={source_file} has no lines to translate")
+        raise trained.WorkdirError(f"source_file={source_file} has no lines to translate")
     check_writable(workdir)
-    translator = workdir_lib.load(
+    translator = trained.load(
         workdir,
-        kinds=("encoder_decoder",),
+        kinds=kinds.names(facade="translator"),
         tool="experiments.evaluate",
         step=step,
         average_last=average_last,

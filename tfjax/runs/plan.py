@@ -27,7 +27,7 @@ import numpy as np
 
 from tfjax import errors, models
 from tfjax.data import datasets
-from tfjax.models import flops
+from tfjax.models import flops, kinds
 from tfjax.parallel import costs, strategies
 from tfjax.parallel import topology as topology_lib
 from tfjax.runs import build
@@ -120,7 +120,9 @@ def plan(config: ml_collections.ConfigDict, topology: topology_lib.Topology) -> 
     optimizer, schedule = build.make_optimizer(config, model_config)
     strategy = build.make_strategy(config, devices=topology.devices)
     rows = datasets.train_row_shapes(
-        datasets.DataConfig(**config.data), model_config.kind, model_config.encoder_head
+        datasets.DataConfig(**config.data),
+        kinds.get(model_config.kind),
+        model_config.encoder_head,
     )
     batch_size = _check_batch(config.train.global_batch_size, topology)
     sample = {k: np.zeros((1, *shape), np.int32) for k, shape in rows.items()}

@@ -27,8 +27,8 @@ import ml_collections
 
 from tfjax import errors, models, pretrained
 from tfjax.data import datasets, pretrained_tokenizer
-from tfjax.runs import build, provenance
-from tfjax.runs import workdir as workdir_lib
+from tfjax.models import kinds
+from tfjax.runs import build, provenance, trained
 from tfjax.training import checkpointing, steps
 
 HF_CONFIG_FILE = "hf_config.json"  # the converted checkpoint's config.json
@@ -64,11 +64,12 @@ def data_lengths(
     keep the config's value (`build.check_config` refuses one longer than a learned table).
     """
     lengths = {}
-    for key in build.DATA_LENGTHS[model_config.kind]:
+    kind = kinds.get(model_config.kind)
+    for key in kind.lengths:
         name = f"data.{key}"
         value = config.data[key]
         if name not in explicit:
-            value = limit if model_config.kind == "encoder_decoder" else min(value, limit)
+            value = limit if kind.facade == "translator" else min(value, limit)
         lengths[name] = value
     return lengths
 
@@ -120,12 +121,12 @@ def convert(
 
 
 def _write_decoding(hf_dir: pathlib.Path, workdir: pathlib.Path) -> None:
-    """Writes `workdir_lib.DECODING_FILE` for families that decode their own way (Marian)."""
+    """Writes `trained.DECODING_FILE` for families that decode their own way (Marian)."""
     hf_config = pretrained.read_hf_config(hf_dir)
     options = getattr(pretrained.family(hf_config), "decoding_options", None)
     if options is not None:
         text = json.dumps(options(hf_dir, hf_config), indent=2) + "\n"
-        (workdir / workdir_lib.DECODING_FILE).write_text(text, encoding="utf-8")
+        (workdir / trained.DECODING_FILE).write_text(text, encoding="utf-8")
 
 
 def _save_step0(run: build.Run, workdir: pathlib.Path, params: dict) -> None:
@@ -160,18 +161,18 @@ def export(workdir: str | pathlib.Path, out_dir: str | pathlib.Path, *, step: in
             "trained from one with train.init_from) export to Hugging Face"
         )
     hf_config = json.loads((workdir / HF_CONFIG_FILE).read_text(encoding="utf-8"))
-    trained = workdir_lib.load(workdir, step=step)
-    tokenizer = trained.tokenizer
+    restored = trained.load(workdir, step=step)
+    tokenizer = restored.tokenizer
     pretrained.save(
         out_dir,
-        trained.run.model_config,
-        trained.params,
+        restored.run.model_config,
+        restored.params,
         hf_config=hf_config,
         tokenizer=tokenizer
         if isinstance(tokenizer, pretrained_tokenizer.PretrainedTokenizer)
         else None,
     )
-    return trained.step
+    return restored.step
 
 
 def is_hf_dir(path: pathlib.Path) -> bool:
@@ -195,7 +196,7 @@ def prepare_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) ->
     hf_config = source / ("config.json" if hf else HF_CONFIG_FILE)
     if hf_config.is_file() and not (workdir / HF_CONFIG_FILE).exists():
         shutil.copyfile(hf_config, workdir / HF_CONFIG_FILE)
-    decoding = workdir_lib.DECODING_FILE
+    decoding = trained.DECODING_FILE
     if hf and not (workdir / decoding).exists():
         _write_decoding(source, workdir)
     elif (source / decoding).is_file() and not (workdir / decoding).exists():
@@ -239,7 +240,7 @@ def initial_params(config: ml_collections.ConfigDict, run: build.Run) -> Any:
     optimizer, _ = build.make_optimizer(saved_config, run.model_config)
     shapes = datasets.train_row_shapes(
         datasets.DataConfig(**saved_config.data),
-        run.model_config.kind,
+        kinds.get(run.model_config.kind),
         run.model_config.encoder_head,
     )
     sample = {k: jnp.zeros((1, *s), jnp.int32) for k, s in shapes.items()}  # shapes only

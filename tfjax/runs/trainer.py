@@ -38,6 +38,7 @@ import numpy as np
 
 from tfjax import errors
 from tfjax.data import datasets, pipeline
+from tfjax.models import kinds
 from tfjax.nn import losses
 from tfjax.parallel import distributed, strategies
 from tfjax.runs import build, evaluator, lock, pretrained, provenance
@@ -120,7 +121,7 @@ _NO_TOKEN_FIX = {
 
 def _masked_lm(run: build.Run) -> bool:
     kind, head = run.model_config.kind, run.model_config.encoder_head
-    return datasets.example_format(kind, head) == datasets.MLM
+    return kinds.get(kind).example_format(head) == datasets.MLM
 
 
 def _check_finite(

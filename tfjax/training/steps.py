@@ -21,25 +21,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from tfjax.models import kinds
 from tfjax.nn import losses
 from tfjax.training import mlm
 
 Batch = dict[
     str, Any
 ]  # str -> int32 [B, ...] numpy or jax arrays (docs/design.md, "How data flows")
-
-_INPUT_KEYS = {
-    "encoder_decoder": (
-        "inputs",
-        "targets",
-        "inputs_segment_ids",
-        "targets_segment_ids",
-        "inputs_positions",
-        "targets_positions",
-    ),
-    "decoder_only": ("targets", "targets_segment_ids", "targets_positions"),
-    "encoder_only": ("inputs", "inputs_segment_ids", "inputs_positions"),
-}
 
 
 @flax.struct.dataclass
@@ -52,14 +40,11 @@ class TrainState:
 
 
 def model_inputs(batch: Batch, kind: str) -> tuple[tuple, dict]:
-    """(positional args, keyword args) of the model's `__call__` taken from a batch."""
-    present = {k: batch[k] for k in _INPUT_KEYS[kind] if k in batch}
-    positional = (
-        ("inputs", "targets")
-        if kind == "encoder_decoder"
-        else (("targets",) if kind == "decoder_only" else ("inputs",))
-    )
-    return tuple(present.pop(k) for k in positional), present
+    """(positional args, keyword args) of the model's `__call__` taken from a batch: the
+    kind's `fields`, then their segment ids and positions (`kinds.ModelKind.input_keys`)."""
+    record = kinds.get(kind)
+    present = {k: batch[k] for k in record.input_keys if k in batch}
+    return tuple(present.pop(k) for k in record.fields), present
 
 
 def batch_metrics(
@@ -71,7 +56,7 @@ def batch_metrics(
         return mlm.metrics(
             logits, batch[mlm.TARGETS], batch[mlm.WEIGHTS], label_smoothing=label_smoothing
         )
-    if kind == "encoder_only":
+    if kinds.get(kind).scores == "labels":
         return losses.classification_metrics(
             logits, batch["labels"], label_smoothing=label_smoothing
         )
@@ -96,7 +81,7 @@ def unscore_target_id(batch: Batch, token_id: int) -> Batch:
 def _weight_sum(batch: Batch, kind: str) -> jax.Array:
     if mlm.WEIGHTS in batch:
         return jnp.sum(batch[mlm.WEIGHTS])
-    if kind == "encoder_only":
+    if kinds.get(kind).scores == "labels":
         return jnp.sum(batch["labels"] >= 0).astype(jnp.float32)
     weights = batch["targets_segment_ids"] > 0
     if "targets_weights" in batch:
@@ -199,7 +184,7 @@ def make_train_step(
 
 
 def _check_unscored(unscored_id: int | None, kind: str) -> None:
-    if unscored_id is not None and kind == "encoder_only":
+    if unscored_id is not None and kinds.get(kind).scores == "labels":
         raise ValueError(f"unscored_id is for models with targets, not {kind} models")
 
 

@@ -1,9 +1,9 @@
-"""One road from a workdir to text: restore a trained run, encode, decode and detokenize.
+"""A trained model restored from its workdir: encode, decode and detokenize.
 
-    from tfjax.runs import workdir
-    translator = workdir.load("runs/multi30k_cpu")          # encoder-decoder -> Translator
+    from tfjax.runs import trained
+    translator = trained.load("runs/multi30k_cpu")          # encoder-decoder -> Translator
     outputs, warnings = translator.translate(["A dog runs."], beam_size=4)
-    generator = workdir.load("runs/shakespeare_char_cpu")   # decoder-only -> Generator
+    generator = trained.load("runs/shakespeare_char_cpu")   # decoder-only -> Generator
     texts, warnings = generator.generate(["ROMEO:"], max_length=200, temperature=0.8)
 
 `load` reads `config.json`, checks the model kind, rebuilds the run (model, the saved tokenizer;
@@ -30,21 +30,8 @@ import numpy as np
 from tfjax import errors
 from tfjax.data import datasets, sources, tokenizers
 from tfjax.inference import attention_maps, decoding, evaluation
+from tfjax.models import kinds as kinds_lib
 from tfjax.runs import build
-
-KINDS = ("encoder_decoder", "decoder_only", "encoder_only")
-# What each model kind is trained from, and which tool decodes it.
-TRAIN_EXAMPLES = {
-    "encoder_decoder": "configs/base.py:cpu",
-    "decoder_only": "configs/lm.py:cpu",
-    "encoder_only": "configs/classify.py:cpu",
-}
-TOOLS = {
-    "encoder_decoder": "experiments.translate",
-    "decoder_only": "experiments.generate",
-    "encoder_only": "experiments.evaluate",
-}
-
 
 # A request a workdir cannot serve (a `tfjax.errors.UserError`, and a ValueError); defined in
 # `tfjax.errors` so that the training side (`tfjax.runs.lock`) raises the same class.
@@ -58,17 +45,19 @@ DECODING_FILE = "hf_decoding.json"
 
 def _train_hint(workdir: pathlib.Path, kind: str) -> str:
     return (
-        f"train one first, e.g. python -m experiments.train --config={TRAIN_EXAMPLES[kind]} "
+        "train one first, e.g. python -m experiments.train "
+        f"--config={kinds_lib.get(kind).train_example} "
         f"--workdir={workdir} (rerunning that command resumes an interrupted run)"
     )
 
 
-def load_config(workdir: str | pathlib.Path, *, kinds: Sequence[str] = KINDS, tool: str = ""):
+def load_config(workdir: str | pathlib.Path, *, kinds: Sequence[str] | None = None, tool: str = ""):
     """The resolved config of the run in `workdir`, checked to hold a model of `kinds`.
 
     Args:
         workdir: the run directory given to `experiments.train`.
-        kinds: the model kinds the caller can use.
+        kinds: the model kinds the caller can use (None: every registered kind; e.g.
+            `tfjax.models.kinds.names(facade="translator")`).
         tool: the caller, e.g. "experiments.translate", named in messages.
 
     Returns:
@@ -78,6 +67,7 @@ def load_config(workdir: str | pathlib.Path, *, kinds: Sequence[str] = KINDS, to
         WorkdirError: if the workdir is a file, or holds no config or a model of another kind.
     """
     workdir = pathlib.Path(workdir)
+    kinds = kinds_lib.names() if kinds is None else tuple(kinds)
     path = workdir / "config.json"
     if workdir.exists() and not workdir.is_dir():
         raise WorkdirError(
@@ -93,7 +83,7 @@ def load_config(workdir: str | pathlib.Path, *, kinds: Sequence[str] = KINDS, to
     if kind not in kinds:
         raise WorkdirError(
             f"{workdir} holds a model of kind {kind}, but {tool or 'this'} needs one of kind "
-            f"{' or '.join(kinds)}: use python -m {TOOLS[kind]} --workdir={workdir}"
+            f"{' or '.join(kinds)}: use python -m {kinds_lib.get(kind).tool} --workdir={workdir}"
         )
     return config
 
@@ -182,8 +172,9 @@ class Trained:
         """
         if not text.split():
             raise WorkdirError("the text is empty: give a sentence to look at")
-        model, tokenizer, kind = self.run.model, self.tokenizer, self.config.model.kind
-        if kind == "encoder_decoder":
+        model, tokenizer = self.run.model, self.tokenizer
+        kind = kinds_lib.get(self.config.model.kind)
+        if kind.decoding == "source":
             (source,), _ = self.encode([text])  # a Translator: EOS appended, truncated to fit
             length = self.config.data.max_target_len
             decode = evaluation.make_decoder(self.run, beam_size=beam_size, max_length=length)
@@ -194,14 +185,13 @@ class Trained:
                 model, self.params, tokenizer, inputs=source, targets=target
             )
             return maps, self.detokenize(target)
-        ids = tokenizer.encode(text, add_bos=kind == "encoder_only")
-        limit = self.config.data.max_target_len if kind == "decoder_only" else None
-        limit = limit or self.config.data.max_source_len
+        ids = tokenizer.encode(text, add_bos=kind.data_format == "classify")
+        (key,) = kind.fields  # one stack: its field and its length limit
+        limit = self.config.data[kind.lengths[0]]
         if len(ids) > limit:
             raise WorkdirError(
                 f"the text has {len(ids)} tokens, more than the model reads ({limit}): shorten it"
             )
-        key = "targets" if kind == "decoder_only" else "inputs"
         return attention_maps.example_maps(model, self.params, tokenizer, **{key: ids}), text
 
     def attention_statistics(
@@ -495,13 +485,14 @@ def decoding_defaults(workdir: str | pathlib.Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-_CLASSES = {"encoder_decoder": Translator, "decoder_only": Generator, "encoder_only": Trained}
+# The class a restored workdir becomes, for each `kinds_lib.ModelKind.facade`.
+FACADES = {"translator": Translator, "generator": Generator, "trained": Trained}
 
 
 def load(
     workdir: str | pathlib.Path,
     *,
-    kinds: Sequence[str] = KINDS,
+    kinds: Sequence[str] | None = None,
     tool: str = "",
     step: int | None = None,
     split: str | None = None,
@@ -537,5 +528,5 @@ def load(
             f"{workdir / 'checkpoints'} holds no checkpoint: "
             + _train_hint(workdir, config.model.kind)
         ) from err
-    cls = _CLASSES[config.model.kind]
+    cls = FACADES[kinds_lib.get(config.model.kind).facade]
     return cls(run, restored.state.params, restored.step, workdir)
