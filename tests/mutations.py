@@ -1393,6 +1393,21 @@ MUTATIONS = [
         "copied[name] = copied[name]",
         "tests/test_pbt.py::test_exploit_and_explore_on_a_fixed_ranking_equal_a_numpy_reference",
     ),
+    # Model kinds: one registration is all a new kind needs (tfjax/models/kinds.py)
+    M(
+        "kinds-lists-only-the-builtins",
+        "tfjax/models/kinds.py",
+        "ordered = sorted(_KINDS.values(), key=rank)",
+        "ordered = [k for k in sorted(_KINDS.values(), key=rank) if rank(k) < len(BUILTINS)]",
+        "tests/test_model_kinds.py::test_a_kind_registered_here_trains_evaluates_and_generates",
+    ),
+    M(
+        "facade-chosen-by-kind-name",
+        "tfjax/runs/trained.py",
+        "cls = FACADES[kinds_lib.get(config.model.kind).facade]",
+        'cls = {"decoder_only": Generator}.get(config.model.kind, Trained)',
+        "tests/test_model_kinds.py::test_a_kind_registered_here_trains_evaluates_and_generates",
+    ),
 ]
 
 
