@@ -126,7 +126,7 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
 
 def _load_json_config(spec: str) -> ml_collections.ConfigDict:
     """The locked config of a workdir's config.json (overrides still set its keys)."""
-    from tfjax.runs import build
+    from tfjax.runs import workdir_format
 
     path = pathlib.Path(spec)
     if not path.is_file():
@@ -134,7 +134,7 @@ def _load_json_config(spec: str) -> ml_collections.ConfigDict:
             f"config file {spec!r} not found: pass a workdir's config.json or "
             "--config=FILE[:PRESET], e.g. --config=configs/base.py:tiny"
         )
-    return build.load_config_json(path)
+    return workdir_format.load_config_json(path)
 
 
 def _unknown_key(key: str, prefix: str, part: str, keys: Sequence[str]) -> errors.ConfigError:

@@ -56,9 +56,9 @@ def main(argv, overrides):
     config = config_utils.load_config(FLAGS.config, overrides)
     _start_jax(FLAGS.topology)
     from tfjax.parallel import topology as topology_lib
-    from tfjax.runs import build, plan
+    from tfjax.runs import plan, validation
 
-    build.check_config(config)  # one line before libtpu starts
+    validation.check_config(config)  # one line before libtpu starts
     with _without_libtpu_notices():
         topology = topology_lib.get_topology(FLAGS.topology, FLAGS.chip)
     if FLAGS.mesh:

@@ -388,7 +388,7 @@ def main(argv: Sequence[str], overrides: Sequence[str]) -> int:
         )
         return 0
     config = runs[0].config if runs else None
-    # Config files older than the `sweep` group (or written by hand) have none: not vectorised.
+    # A config file without a `sweep` group (one written by hand) is not vectorised.
     vectorize = FLAGS.vectorize or bool(config and "sweep" in config and config.sweep.vectorize)
     rows = run_sweep(runs, directory, vectorize)
     print("\n".join(sweep_summary.closing_lines(rows, directory)))

@@ -39,10 +39,10 @@ def main(argv, overrides):
     cli.no_arguments(argv)
     cli.quiet_logs()
     config = config_utils.load_config(FLAGS.config, overrides)
-    from tfjax.runs import build
+    from tfjax.runs import validation
     from tfjax.training import host  # no JAX computation yet: the tuning must come first
 
-    build.check_config(config)  # fails in one line before anything is logged or loaded
+    validation.check_config(config)  # fails in one line before anything is logged or loaded
 
     if host.should_tune_malloc(FLAGS.tune_malloc) and not host.tune_glibc_malloc():
         logging.getLogger("tfjax").warning("--tune_malloc: not glibc, nothing to tune")
@@ -63,7 +63,7 @@ def main(argv, overrides):
     if jax.process_index() == 0:
         print(f"workdir: {workdir.resolve()}  (rerun the same command to resume)", flush=True)
         print(f"devices: {jax.device_count()} x {jax.devices()[0].platform}", flush=True)
-    result = trainer.train_and_evaluate(config, workdir)
+    result = trainer.train_and_evaluate(config, workdir, checked=True)
     if jax.process_index() == 0 and result:
         print("final eval: " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(result.items())))
 

@@ -980,11 +980,12 @@ MUTATIONS = [
         "test_orbax_and_asyncio_full_disk_records_are_dropped_and_others_kept",
     ),
     M(
-        "former-muon-momentum-dropped",
-        "tfjax/training/muon.py",
-        "mu=legacy.momentum,",
-        "mu=jax.tree.map(jnp.zeros_like, legacy.momentum),",
-        "tests/test_muon.py::test_a_checkpoint_of_the_former_muon_resumes_with_its_momentum_as_mu",
+        "workdir-format-not-checked",
+        "tfjax/runs/workdir_format.py",
+        "    check_format(tree, path)\n    return load_config_dict(tree)",
+        "    return load_config_dict(tree)",
+        "tests/test_workdir_format.py::"
+        "test_a_config_json_without_a_format_record_is_refused_in_one_line",
     ),
     M(
         "shared-cache-mask-rows-not-regrouped",
@@ -1323,12 +1324,18 @@ MUTATIONS = [
         "tests/test_optax_by_name.py::test_a_trial_kwarg_shows_as_its_own_hparam",
     ),
     M(
-        "old-config-json-without-optim-defaults",
-        "tfjax/runs/build.py",
-        '    "optim": dataclasses.asdict(optim.OptimConfig()),\n',
+        "checkpoint-format-not-checked",
+        "tfjax/runs/workdir_format.py",
+        "    check_format(newest[1], newest[0])\n",
         "",
-        "tests/test_optax_by_name.py::"
-        "test_a_config_json_from_before_optimizers_by_name_loads_with_empty_kwargs",
+        "tests/test_workdir_format.py::test_a_checkpoint_copy_of_another_format_is_refused",
+    ),
+    M(
+        "resumable-checks-the-model-only",
+        "tfjax/runs/workdir_format.py",
+        '    sections: Collection[str] = ("model", "data"),',
+        '    sections: Collection[str] = ("model",),',
+        "tests/test_workdir_format.py::test_check_resumable_names_the_key_and_ignores_the_layout",
     ),
     # --- Issue 62: one training loop for a run and a vectorised sweep --------------------------
     M(

@@ -36,7 +36,7 @@ from tiny_runs import REVERSE
 from experiments import cli, config_utils, convert, evaluate, generate, translate
 from tfjax import errors
 from tfjax.parallel import distributed
-from tfjax.runs import build, lock, loop, provenance, trainer
+from tfjax.runs import build, lock, loop, provenance, restoration, trainer, workdir_format
 from tfjax.runs import trained as trained_lib
 from tfjax.training import checkpointing
 from tfjax.training.checkpointing import checksums, restoring
@@ -348,7 +348,7 @@ def test_an_early_sigterm_swallowed_where_it_landed_still_stops_before_the_first
     assert swallowed == [trainer.Terminated]
     stopped = [r.getMessage() for r in caplog.records if "SIGTERM" in r.getMessage()]
     assert len(stopped) == 1 and "stopped by SIGTERM before the first step" in stopped[0]
-    assert build.saved_steps(tmp_path / "run") == []
+    assert workdir_format.saved_steps(tmp_path / "run") == []
 
 
 @pytest.mark.slow
@@ -367,7 +367,7 @@ def test_train_command_stopped_by_sigterm_before_the_first_step(tmp_path):
     lines = [line for line in err.splitlines() if "SIGTERM" in line]
     assert len(lines) == 1 and "stopped by SIGTERM before the first step" in lines[0], err
     assert "no checkpoint was saved" in lines[0] and "Traceback" not in err
-    assert build.saved_steps(tmp_path) == []
+    assert workdir_format.saved_steps(tmp_path) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -603,15 +603,15 @@ def _mismatch(shapes: dict) -> checkpointing.CheckpointMismatchError:
 
 
 def test_a_mismatch_names_only_what_changes_the_shapes(tmp_path):
-    current = build.config_dict(config_utils.load_config("configs/base.py:tiny", RESUME))
+    current = workdir_format.config_dict(config_utils.load_config("configs/base.py:tiny", RESUME))
     explain = functools.partial(
         provenance.explain_mismatch,
         current=current,
         workdir=tmp_path,
         vocab_size=11,
         config_file=False,
-        shapes=functools.partial(build._state_shapes, vocab_size=11),
-        ignore=build.LAYOUT_KEYS,
+        shapes=functools.partial(restoration._state_shapes, vocab_size=11),
+        ignore=workdir_format.LAYOUT_KEYS,
     )
     saved = copy.deepcopy(current)  # settings that change no array
     saved["optim"]["learning_rate"], saved["model"]["dropout_rate"] = 0.5, 0.3

@@ -265,18 +265,18 @@ def test_flag_errors_are_one_line_each(tmp_path):
 
 
 def test_load_config_json_round_trips_the_trainer_file(spec, tmp_path):
-    from tfjax.runs import build
+    from tfjax.runs import workdir_format
 
     config = config_utils.load_config(spec)
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(build.config_dict(config)))
-    restored = build.load_config_json(path)
+    path.write_text(json.dumps(workdir_format.stamped(workdir_format.config_dict(config))))
+    restored = workdir_format.load_config_json(path)
     assert restored.model.dims == [4, 8]
     assert restored.optim.learning_rate == config.optim.learning_rate
     with pytest.raises(AttributeError):
         restored.new_field = 1  # locked
     with pytest.raises(FileNotFoundError, match="tfjax workdir"):
-        build.load_config_json(tmp_path / "missing.json")
+        workdir_format.load_config_json(tmp_path / "missing.json")
 
 
 def test_get_sweep(spec):

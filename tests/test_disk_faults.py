@@ -30,7 +30,7 @@ from tiny_runs import REVERSE
 
 from experiments import attention_map, cli, config_utils, evaluate
 from tfjax import errors
-from tfjax.runs import build, evaluator, trainer
+from tfjax.runs import build, evaluator, restoration, trainer
 from tfjax.training import checkpointing, logger, storage
 
 trained, tool = test_bad_input.trained, test_bad_input.tool  # the same fixtures, run here
@@ -307,7 +307,7 @@ def test_read_only_workdir_stops_before_the_restore(trained, tool, tmp_path, mon
     def no_restore(*args, **kwargs):
         raise AssertionError("restored before checking the workdir can be written")
 
-    monkeypatch.setattr(build, "restore", no_restore)
+    monkeypatch.setattr(restoration, "restore", no_restore)
     monkeypatch.setattr(build, "build", no_restore)
     source = tmp_path / "src.txt"
     source.write_text("s1 s2\n")

@@ -101,7 +101,7 @@ MAX_SOURCE_LEN, MAX_TARGET_LEN = 8, 8
 
 @pytest.fixture(scope="module")
 def tiny_run():
-    """A stand-in for `build.restore(...)[0]` with freshly initialised parameters."""
+    """A stand-in for `restoration.restore(...)[0]` with freshly initialised parameters."""
     data = datasets.DataConfig(
         name="reverse",
         num_train_examples=32,
@@ -239,16 +239,12 @@ def test_greedy_exact_match_counts_the_real_rows_of_a_padded_last_batch():
     def eval_step(params, batch):
         return {"weight_sum": float((batch["targets_segment_ids"] > 0).sum()), "loss_sum": 0.0}
 
-    run = build.Run(
+    run = build.Evaluable(
         config=ml_collections.ConfigDict({"train": {"eval_batch_size": 4}}),
         model_config=models.ModelConfig(),
-        model=None,
+        model=models.create_model(models.ModelConfig()),  # never called: the steps are fakes
         examples=datasets.Examples([], examples, tokenizers.WordTokenizer.build(["a"]), "seq2seq"),
-        strategy=None,
-        train_step=None,
         eval_step=eval_step,
-        abstract_state=None,
-        optimizer=None,
         greedy=greedy,
     )
     result = evaluator.evaluate(run, params=None)

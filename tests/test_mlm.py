@@ -15,7 +15,7 @@ import pytest
 from experiments import config_utils
 from tfjax import errors
 from tfjax.data import pipeline, tokenizers
-from tfjax.runs import build, trainer
+from tfjax.runs import restoration, trainer, workdir_format
 from tfjax.training import logger, mlm, steps
 
 V = 1000
@@ -231,8 +231,8 @@ def test_resuming_an_mlm_run_masks_and_trains_exactly_as_straight(tmp_path, monk
     trainer.train_and_evaluate(_mlm_config(tmp_path, *overrides), tmp_path / "resumed")
 
     def params(workdir):
-        config = build.load_config_json(workdir / "config.json")
-        return jax.tree.map(np.asarray, build.restore(config, workdir)[1].state.params)
+        config = workdir_format.load_config_json(workdir / "config.json")
+        return jax.tree.map(np.asarray, restoration.restore(config, workdir)[1].state.params)
 
     jax.tree.map(
         np.testing.assert_array_equal, params(tmp_path / "straight"), params(tmp_path / "resumed")
@@ -312,7 +312,7 @@ def test_a_run_that_scores_no_token_stops_at_its_first_log(tmp_path, monkeypatch
     workdir = _unknown_words_workdir(tmp_path)
     with pytest.raises(errors.DivergedError, match=r"no token was scored .* up to step 2"):
         trainer.train_and_evaluate(_mlm_config(tmp_path, "train.log_every_steps=2"), workdir)
-    assert build.saved_steps(workdir) == []
+    assert workdir_format.saved_steps(workdir) == []
 
 
 def test_check_maskable_needs_one_candidate_in_the_split():

@@ -35,7 +35,7 @@ from experiments import config_utils
 from tfjax.data import datasets, pipeline
 from tfjax.models import kinds
 from tfjax.parallel import distributed
-from tfjax.runs import build
+from tfjax.runs import restoration, workdir_format
 from tfjax.training import logger
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -175,8 +175,8 @@ _PARAMS: dict = {}
 def _params(workdir: pathlib.Path, step: int):
     """The parameters of checkpoint `step` as numpy arrays (restored in this process)."""
     if (workdir, step) not in _PARAMS:
-        config = build.load_config_json(workdir / "config.json")
-        restored = build.restore(config, workdir, step)[1]
+        config = workdir_format.load_config_json(workdir / "config.json")
+        restored = restoration.restore(config, workdir, step)[1]
         _PARAMS[workdir, step] = jax.device_get(restored.state.params)
     return _PARAMS[workdir, step]
 

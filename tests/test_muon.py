@@ -1,7 +1,7 @@
 """Muon (tfjax.training.muon, optimizer="muon"): Newton-Schulz against numpy and the exact polar
 factor, the kernels' matrix axes, the first two updates written out, training and resuming."""
 
-import logging
+import json
 import shutil
 from typing import NamedTuple
 
@@ -10,11 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import test_workdir_format
 from optax import contrib
 
 from experiments import config_utils
 from tfjax import errors
-from tfjax.runs import build, trainer
+from tfjax.runs import restoration, trainer, workdir_format
 from tfjax.training import checkpointing, muon, optim
 
 
@@ -212,8 +213,8 @@ def test_every_model_kind_trains_with_muon_and_resumes_exactly(spec, scan, tmp_p
     trainer.train_and_evaluate(straight, tmp_path / "resumed")  # resumes at step 4
 
     def params(run):
-        config = build.load_config_json(tmp_path / run / "config.json")
-        return build.restore(config, tmp_path / run)[1].state.params
+        config = workdir_format.load_config_json(tmp_path / run / "config.json")
+        return restoration.restore(config, tmp_path / run)[1].state.params
 
     want, got = params("straight"), params("resumed")
     jax.tree.map(np.testing.assert_array_equal, want, got)
@@ -231,15 +232,16 @@ def _is_optax_muon(node):
     return isinstance(node, tuple) and len(node) == 2 and isinstance(node[0], contrib.MuonState)
 
 
-def _write_former_muon_workdir(tmp_path, state_class=_FormerMuonState):
+def _write_former_muon_workdir(tmp_path, state_class=_FormerMuonState, recorded=True):
     """A 2-step Muon run, then a copy of its workdir whose checkpoint holds the optimizer state
     as the former Muon wrote it: each (optax MuonState, EmptyState) chain replaced by
-    `state_class(momentum)`, with a momentum unlike optax's (random). Returns (config, the
-    saved state, the copy's workdir)."""
+    `state_class(momentum)`, with a momentum unlike optax's (random); `recorded=False`: its
+    config.json and checkpoint without the workdir format record, as the tfjax of the former
+    Muon wrote them. Returns (config, the saved state, the copy's workdir)."""
     flags = ["optim.optimizer=muon", "model.scan_layers=False", "train.num_train_steps=2"]
     config = config_utils.load_config("configs/lm.py:tiny", flags)
     trainer.train_and_evaluate(config, tmp_path / "new")
-    _, restored = build.restore(config, tmp_path / "new")
+    _, restored = restoration.restore(config, tmp_path / "new")
     keys = iter(jax.random.split(jax.random.key(7), 1000))
 
     def former(node):
@@ -256,52 +258,31 @@ def _write_former_muon_workdir(tmp_path, state_class=_FormerMuonState):
     workdir.mkdir()
     for name in ("config.json", "tokenizer.json"):  # a workdir's tokenizer is never rebuilt
         shutil.copy(tmp_path / "new" / name, workdir / name)
+    saved = restored.config
+    if not recorded:
+        saved = {k: v for k, v in saved.items() if k != workdir_format.FORMAT_RECORD}
+        tree = json.loads((workdir / "config.json").read_text())
+        test_workdir_format.write_older(workdir / "config.json", tree)
     with checkpointing.Checkpointer(workdir / "checkpoints") as checkpointer:
         checkpointer.save(
-            restored.step,
-            old,
-            rng=restored.rng,
-            data_state=restored.data_state,
-            config=restored.config,
+            restored.step, old, rng=restored.rng, data_state=restored.data_state, config=saved
         )
     return config, old, workdir
 
 
-def test_a_checkpoint_of_the_former_muon_resumes_with_its_momentum_as_mu(tmp_path, caplog):
-    config, old, workdir = _write_former_muon_workdir(tmp_path)
-    with caplog.at_level(logging.INFO, logger="tfjax.training.muon"):
-        _, restored = build.restore(config, workdir)
-    assert sum("converted the former Muon" in r.getMessage() for r in caplog.records) == 1
-    assert restored.step == 2
-    jax.tree.map(np.testing.assert_array_equal, restored.state.params, old.params)
-
-    is_former = lambda n: isinstance(n, _FormerMuonState)  # noqa: E731
-    former = [n for n in jax.tree.leaves(old.opt_state, is_leaf=is_former) if is_former(n)]
-    new = [
-        n
-        for n in jax.tree.leaves(restored.state.opt_state, is_leaf=_is_optax_muon)
-        if _is_optax_muon(n)
-    ]
-    assert len(former) == len(new) == 1
-    muon_state = new[0][0]
-    # The same exponential average in both: momentum -> mu as stored, bit for bit.
-    jax.tree.map(np.testing.assert_array_equal, muon_state.mu, former[0].momentum)
-    assert jax.tree.leaves(muon_state.mu)  # the hidden kernels' buffers are there
-    assert int(muon_state.count) == 2  # two updates applied before the save
-    np.testing.assert_array_equal(muon_state.ns_coeffs, np.float32([3.4445, -4.7750, 2.0315]))
-    # The Adam part is untouched.
-    adam_old = [x for x in jax.tree.leaves(old.opt_state) if x.ndim]
-    adam_new = [x for x in jax.tree.leaves(restored.state.opt_state) if x.ndim]
-    assert len(adam_new) == len(adam_old) + 1  # + ns_coeffs
-    # Training continues from it, and saves in the current layout.
+def test_a_workdir_of_the_former_muon_is_refused_in_one_line(tmp_path):
+    config, _, workdir = _write_former_muon_workdir(tmp_path, recorded=False)
+    before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+    test_workdir_format.assert_refused(workdir / "config.json")
+    with pytest.raises(errors.WorkdirError, match=r"written by tfjax 0\.2\.0 or earlier"):
+        restoration.restore(config, workdir)  # its checkpoints are of the older format too
     resumed = config_utils.load_config(
         "configs/lm.py:tiny",
         ["optim.optimizer=muon", "model.scan_layers=False", "train.num_train_steps=3"],
     )
-    assert np.isfinite(trainer.train_and_evaluate(resumed, workdir)["loss"])
-    with checkpointing.Checkpointer(workdir / "checkpoints") as checkpointer:
-        assert checkpointer.all_steps() == [2, 3]
-    assert build.restore(config, workdir, step=3)[1].step == 3
+    with pytest.raises(errors.WorkdirError, match=r"written by tfjax 0\.2\.0 or earlier"):
+        trainer.train_and_evaluate(resumed, workdir)
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
 
 
 def test_an_unknown_optimizer_layout_still_stops_with_the_one_line_error(tmp_path):
@@ -310,7 +291,7 @@ def test_an_unknown_optimizer_layout_still_stops_with_the_one_line_error(tmp_pat
 
     config, _, workdir = _write_former_muon_workdir(tmp_path, state_class=Unknown)
     with pytest.raises(checkpointing.CheckpointRestoreError) as raised:
-        build.restore(config, workdir)
+        restoration.restore(config, workdir)
     message = str(raised.value)
     assert "\n" not in message
     assert isinstance(raised.value, checkpointing.CheckpointMismatchError)  # not damage

@@ -9,11 +9,12 @@ import jax
 import numpy as np
 import optax
 import pytest
+import test_workdir_format
 from tiny_runs import REVERSE
 
 from experiments import config_utils
 from tfjax import errors, models
-from tfjax.runs import build, trainer
+from tfjax.runs import build, restoration, trainer, validation, workdir_format
 from tfjax.training import logger, optim, steps, vectorized
 
 # A constant learning rate: the first updates of a short run move the parameters.
@@ -22,7 +23,7 @@ CONSTANT = ("optim.schedule=constant", "optim.learning_rate=0.003", "optim.warmu
 
 def _config(*overrides, spec="configs/base.py:tiny"):
     config = config_utils.load_config(spec, list(overrides))
-    build.check_config(config)  # as experiments.train does before anything else
+    validation.check_config(config)  # as experiments.train does before anything else
     return config
 
 
@@ -64,7 +65,7 @@ def test_an_optimizer_tfjax_never_names_trains_from_overrides_alone(
     assert np.isfinite(trainer.train_and_evaluate(config, tmp_path)["loss"])
     saved = json.loads((tmp_path / "config.json").read_text())["optim"]
     assert (saved["optimizer"], saved["kwargs"]) == (name, kwargs)
-    restored = build.restore(config, tmp_path)[1]
+    restored = restoration.restore(config, tmp_path)[1]
     types = {type(n).__name__ for n in jax.tree.leaves(restored.state.opt_state, is_leaf=_is_state)}
     assert restored.step == 2 and state_type in types, types
 
@@ -85,7 +86,7 @@ def test_a_run_by_name_resumes_from_its_config_json(tmp_path):
         *REVERSE, *CONSTANT, *overrides, "train.eval_every_steps=0", "train.num_train_steps=3"
     )
     trainer.train_and_evaluate(at_once, tmp_path / "at_once")
-    resumed, direct = (build.restore(longer, tmp_path / d)[1] for d in ("resumed", "at_once"))
+    resumed, direct = (restoration.restore(longer, tmp_path / d)[1] for d in ("resumed", "at_once"))
     assert resumed.step == direct.step == 3
     jax.tree.map(np.testing.assert_array_equal, resumed.state.params, direct.state.params)
 
@@ -299,8 +300,8 @@ def test_a_vectorised_sweep_of_lion_trials_equals_each_trained_alone(tmp_path):
         vsweep_state.extract(tmp_path / "sweep" / "group", trial.workdir)
         alone = _config(*common, *trials[trial.name], "parallel.mode=sharded")
         trainer.train_and_evaluate(alone, tmp_path / "alone" / trial.name)
-        vectorised = build.restore(trial.config, trial.workdir)[1].state.params
-        reference = build.restore(alone, tmp_path / "alone" / trial.name)[1].state.params
+        vectorised = restoration.restore(trial.config, trial.workdir)[1].state.params
+        reference = restoration.restore(alone, tmp_path / "alone" / trial.name)[1].state.params
         jax.tree.map(
             lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5),
             jax.device_get(vectorised),
@@ -366,12 +367,11 @@ def test_kwargs_are_set_by_overrides_sweeps_and_presets_and_typos_stay_refused()
         )
 
 
-def test_a_config_json_from_before_optimizers_by_name_loads_with_empty_kwargs():
-    tree = build.config_dict(_config())
+def test_a_config_json_from_before_optimizers_by_name_is_refused_in_one_line(tmp_path):
+    tree = workdir_format.config_dict(_config())
     del tree["optim"]["kwargs"]
-    loaded = build.load_config_dict(tree)
-    assert loaded.optim.kwargs.to_dict() == {}
-    assert build.optim_config(loaded) == build.optim_config(_config())
+    test_workdir_format.write_older(tmp_path / "config.json", tree)
+    test_workdir_format.assert_refused(tmp_path / "config.json")
 
 
 @pytest.mark.parametrize(

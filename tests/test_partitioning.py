@@ -3,18 +3,17 @@
 are named, an unknown one is refused, and a layout that does not divide fails in
 `check_config` with the parameter, its shape and the fix."""
 
-import json
-
 import jax
 import jax.numpy as jnp
 import pytest
+import test_workdir_format
 from jax.sharding import PartitionSpec as P
 
 from experiments import config_utils
 from tfjax import errors, models
 from tfjax.models import partitioning
-from tfjax.parallel import layout, strategies
-from tfjax.runs import build
+from tfjax.parallel import layout
+from tfjax.runs import validation, workdir_format
 from tfjax.training import optim
 
 TINY = dict(vocab_size=24, embed_dim=16, num_layers=1, num_decoder_layers=1, mlp_dim=32)
@@ -66,7 +65,7 @@ def _names(axes) -> list[tuple[str, ...]]:
 
 
 def _params(**fields):
-    return build.abstract_params(models.ModelConfig(**{"num_heads": 2, **TINY, **fields}))
+    return validation.abstract_params(models.ModelConfig(**{"num_heads": 2, **TINY, **fields}))
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -175,7 +174,7 @@ SHARDED = ["parallel.mode=sharded"]
 )  # fmt: skip
 def test_an_invalid_layout_fails_when_the_config_is_checked(overrides, words):
     with pytest.raises(errors.ConfigError) as raised:
-        build.check_config(_config(overrides))
+        validation.check_config(_config(overrides))
     message = str(raised.value)
     assert "\n" not in message
     for word in words:
@@ -183,24 +182,21 @@ def test_an_invalid_layout_fails_when_the_config_is_checked(overrides, words):
 
 
 def test_a_valid_layout_passes_and_rules_override_from_the_command_line():
-    build.check_config(_config([*SHARDED, "parallel.tensor=2", "parallel.fsdp=2"]))
+    validation.check_config(_config([*SHARDED, "parallel.tensor=2", "parallel.fsdp=2"]))
     overrides = [*SHARDED, "parallel.tensor=4", "model.num_heads=4", "model.num_kv_heads=2"]
     overrides += ["model.fused_qkv=false", "parallel.rules=(('heads','tensor'),('kv_heads',None))"]
     config = _config(overrides)
     assert config.parallel.rules == (("heads", "tensor"), ("kv_heads", None))
-    build.check_config(config)  # key/value heads replicated: nothing left to divide
+    validation.check_config(config)  # key/value heads replicated: nothing left to divide
 
 
-def test_an_old_workdirs_config_gets_the_layout_it_ran_with(tmp_path):
+def test_a_workdir_from_before_tensor_parallelism_is_refused_in_one_line(tmp_path):
     config = _config([])
-    as_dict = build.config_dict(config)
+    as_dict = workdir_format.config_dict(config)
     as_dict["parallel"]["mode"] = "pmap"  # the default when tensor and rules did not exist
     del as_dict["parallel"]["tensor"], as_dict["parallel"]["rules"]
-    (tmp_path / "config.json").write_text(json.dumps(as_dict))
-    loaded = build.load_config_json(tmp_path / "config.json")
-    assert loaded.parallel.tensor == 1
-    assert layout.normalize_rules(loaded.parallel.rules) == layout.DEFAULT_RULES
-    assert isinstance(build.make_strategy(loaded), strategies.Pmap)
+    test_workdir_format.write_older(tmp_path / "config.json", as_dict)
+    test_workdir_format.assert_refused(tmp_path / "config.json")
 
 
 def test_a_scanned_stack_adds_a_layers_axis_that_no_rule_or_fsdp_splits():

@@ -12,13 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import test_workdir_format
 from tiny_runs import REVERSE
 
 from experiments import config_utils
 from tfjax import errors, models
 from tfjax.data import tokenizers
 from tfjax.nn import losses
-from tfjax.runs import build, evaluator, trainer
+from tfjax.runs import build, evaluator, restoration, trainer, validation, workdir_format
 from tfjax.training import steps
 
 EOS = tokenizers.EOS_ID
@@ -152,7 +153,7 @@ def test_an_encoder_only_run_without_eos_is_a_one_line_config_error():
     overrides = ["train.predict_eos=false", "model.kind=encoder_only"]
     config = config_utils.load_config("configs/base.py:tiny", overrides)
     with pytest.raises(errors.ConfigError, match="for models that generate") as info:
-        build.check_config(config)
+        validation.check_config(config)
     assert "\n" not in str(info.value)
     with pytest.raises(errors.ConfigError, match="write true or false"):
         config_utils.load_config("configs/base.py:tiny", ["train.predict_eos=maybe"])
@@ -169,7 +170,7 @@ def test_a_run_without_eos_trains_evaluates_with_the_oracle_and_warns_without(tm
     }
     assert (batch["targets"] == EOS).sum() >= 4  # EOS is in the data, not in the loss:
     assert run.eval_step is not None
-    params = build.restore(config, tmp_path)[1].state.params
+    params = restoration.restore(config, tmp_path)[1].state.params
     metrics = run.eval_step(params, batch)
     unscored = (batch["targets_segment_ids"] > 0) & (batch["targets"] != EOS)
     assert float(metrics["weight_sum"]) == unscored.sum()
@@ -185,8 +186,9 @@ def test_a_run_without_eos_trains_evaluates_with_the_oracle_and_warns_without(tm
     assert oracle["oracle_length"] is True and oracle["predict_eos"] is False
 
 
-def test_runs_saved_before_predict_eos_load_with_eos_predicted():
+def test_runs_saved_before_predict_eos_are_refused_in_one_line(tmp_path):
     config = config_utils.load_config("configs/base.py:tiny", REVERSE)
-    tree = build.config_dict(config)
+    tree = workdir_format.config_dict(config)
     del tree["train"]["predict_eos"]
-    assert build.load_config_dict(tree).train.predict_eos is True
+    test_workdir_format.write_older(tmp_path / "config.json", tree)
+    test_workdir_format.assert_refused(tmp_path / "config.json")

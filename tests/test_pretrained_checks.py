@@ -1,7 +1,7 @@
 """What a conversion checks beyond the weights: the tokenizer's size, BERT's problem type, the
 data lengths a learned position table covers, and the length limits a converted workdir takes
 from its checkpoint (`tfjax.pretrained.load_tokenizer`, `bert.model_config`,
-`build.check_config`, `runs.pretrained.data_lengths`).
+`validation.check_config`, `runs.pretrained.data_lengths`).
 
 Tiny random checkpoints are built here (`hf_checkpoints`); nothing is downloaded.
 """
@@ -17,8 +17,8 @@ import pytest
 from experiments import config_utils
 from tfjax import errors, pretrained
 from tfjax.pretrained import bert, t5
-from tfjax.runs import build
 from tfjax.runs import pretrained as runs_pretrained
+from tfjax.runs import validation
 
 transformers = pytest.importorskip(
     "transformers", reason="pretrained-model tests need the 'hf' extra: pip install -e .[hf]"
@@ -195,7 +195,7 @@ def test_a_data_length_past_a_learned_position_table_is_refused(preset, override
     table = ["model.positional=learned", "model.max_len=128"]
     config = config_utils.load_config(f"configs/pretrained.py:{preset}", table + overrides)
     with pytest.raises(errors.ConfigError) as info:
-        build.check_config(config)
+        validation.check_config(config)
     assert str(info.value) == (
         f"data.{key}={length} is longer than the model's learned position table "
         f"(model.max_len=128 positions): set data.{key} <= 128"
@@ -208,13 +208,13 @@ def test_data_lengths_up_to_the_table_or_without_one_are_accepted(positional):
     config = config_utils.load_config(
         "configs/pretrained.py:tiny_seq2seq", [f"model.positional={positional}", *lengths]
     )
-    build.check_config(config)
+    validation.check_config(config)
     if positional != "learned":  # no table: any length
         longer = config_utils.load_config(
             "configs/pretrained.py:tiny_seq2seq",
             [f"model.positional={positional}", "model.max_len=16", *lengths[:2]],
         )
-        build.check_config(longer)
+        validation.check_config(longer)
 
 
 def test_convert_refuses_an_explicit_length_past_gpt2s_positions(gpt2_dir, tmp_path):

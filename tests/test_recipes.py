@@ -12,7 +12,7 @@ import tiny_runs
 from experiments import config_utils
 from tfjax import errors, models
 from tfjax.data import datasets, sources
-from tfjax.runs import build, evaluator, trained, trainer
+from tfjax.runs import evaluator, restoration, trained, trainer, validation, workdir_format
 from tfjax.training import checkpointing, optim
 
 SENTENCES = [
@@ -55,7 +55,7 @@ def test_recipe_configs_build(spec):
 
 @pytest.mark.parametrize("spec", _every_preset())
 def test_every_shipped_config_passes_the_run_check(spec):
-    build.check_config(config_utils.load_config(spec, []))  # model.vocab_size 0: from the data
+    validation.check_config(config_utils.load_config(spec, []))  # model.vocab_size 0: from the data
 
 
 def _param_counts(spec: str) -> dict[str, int]:
@@ -105,7 +105,7 @@ def test_shakespeare_ctx256_changes_only_the_context_at_the_same_characters_per_
 def test_the_run_check_refuses_a_vocabulary_of_one():
     config = config_utils.load_config("configs/base.py:tiny", ["model.vocab_size=1"])
     with pytest.raises(errors.ConfigError, match="vocab_size must be >= 2"):
-        build.check_config(config)
+        validation.check_config(config)
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +144,8 @@ def test_multi30k_recipe_trains_and_evaluates_test2016_with_averaging(multi30k_w
 
 @pytest.mark.slow
 def test_checkpoint_average_is_the_mean_of_the_saved_parameters(multi30k_workdir):
-    config = build.load_config_json(multi30k_workdir / "config.json")
-    run, _ = build.restore(config, multi30k_workdir)
+    config = workdir_format.load_config_json(multi30k_workdir / "config.json")
+    run, _ = restoration.restore(config, multi30k_workdir)
     with checkpointing.Checkpointer(multi30k_workdir / "checkpoints") as checkpointer:
         steps = checkpointer.all_steps()[-2:]
         first, second = (checkpointer.restore(run.abstract_state, step=s) for s in steps)
@@ -175,7 +175,7 @@ def test_shakespeare_recipe_scores_the_whole_val_split(tmp_path, fake_corpus):
     )
     result = trainer.train_and_evaluate(config, tmp_path / "run")
     assert np.isfinite(result["nll"])
-    run, _ = build.restore(config, tmp_path / "run")
+    run, _ = restoration.restore(config, tmp_path / "run")
     val = text[int(0.9 * len(text)) :]
     # Every val character after the first is scored exactly once.
     weights = sum(int(e["targets_weights"].sum()) for e in run.examples.eval)
@@ -226,7 +226,7 @@ def test_every_shipped_sweep_expands_to_runs_that_pass_the_run_check(spec, sweep
     runs = sweep.expand(spec, sweep_name, [], tmp_path)
     assert runs and len({run.name for run in runs}) == len(runs)
     for run in runs:
-        build.check_config(run.config)
+        validation.check_config(run.config)
         for key, value in run.overrides.items():
             group, field = key.split(".") if "." in key else (None, key)
             assert (run.config[group][field] if group else run.config[field]) == value

@@ -11,11 +11,12 @@ import math
 import jax
 import numpy as np
 import pytest
+import test_workdir_format
 from test_logger import _tensorboard_scalars
 
 from experiments import config_utils
 from tfjax import errors
-from tfjax.runs import build, trainer
+from tfjax.runs import restoration, trainer, validation, workdir_format
 from tfjax.training import logger, profiling
 
 STEPS = 4
@@ -76,8 +77,8 @@ def test_profile_steps_writes_a_trace_of_those_steps_only(run):
 
 def test_a_run_logs_its_parameter_count(run):
     workdir, lines = run
-    config = build.load_config_json(workdir / "config.json")
-    params = build.restore(config, workdir)[1].state.params
+    config = workdir_format.load_config_json(workdir / "config.json")
+    params = restoration.restore(config, workdir)[1].state.params
     count = sum(np.size(leaf) for leaf in jax.tree.leaves(params))
     assert f"model encoder_only: {count:,} parameters" in lines
 
@@ -114,12 +115,12 @@ def test_other_profile_steps_are_refused_in_one_line(steps):
     with config.unlocked():
         config.train.profile_steps = steps
     with pytest.raises(errors.ConfigError, match=r"train\.profile_steps must be \(\) or FIRST"):
-        build.check_config(config)
+        validation.check_config(config)
 
 
-def test_a_workdir_saved_before_profile_steps_loads_without_them(tmp_path):
+def test_a_workdir_saved_before_profile_steps_is_refused_in_one_line(tmp_path):
     config = config_utils.load_config("configs/base.py:tiny")
-    tree = build.config_dict(config)
+    tree = workdir_format.config_dict(config)
     del tree["train"]["profile_steps"]
-    (tmp_path / "config.json").write_text(json.dumps(tree))
-    assert tuple(build.load_config_json(tmp_path / "config.json").train.profile_steps) == ()
+    test_workdir_format.write_older(tmp_path / "config.json", tree)
+    test_workdir_format.assert_refused(tmp_path / "config.json")

@@ -15,7 +15,7 @@ import pytest
 from tfjax import errors, models
 from tfjax.inference import beam_search, decoding
 from tfjax.nn import layers, stacking
-from tfjax.runs import build
+from tfjax.runs import workdir_format
 from tfjax.training import checkpointing, steps
 
 TINY = dict(
@@ -474,7 +474,7 @@ def test_a_checkpoint_restores_into_the_other_layout_and_training_goes_on(tmp_pa
     config = _config(kind="decoder_only", scan_layers=not saved_scan, use_bias=False)
     with checkpointing.Checkpointer(tmp_path) as checkpointer:
         restored = checkpointer.restore(
-            jax.eval_shape(lambda: other_state), convert=build.layout_conversion(config)
+            jax.eval_shape(lambda: other_state), convert=workdir_format.layout_conversion(config)
         )
     assert jax.tree.structure(restored.state) == jax.tree.structure(other_state)
     converted = stacking.convert_layout(state, scan=not saved_scan)

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from tfjax.runs import build
+from tfjax.runs import restoration, workdir_format
 from tfjax.training import host, logger
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -60,8 +60,8 @@ def _wait_for(path: pathlib.Path, predicate, timeout=300.0):
 
 
 def _params(workdir):
-    config = build.load_config_json(workdir / "config.json")
-    state = build.restore(config, workdir)[1].state
+    config = workdir_format.load_config_json(workdir / "config.json")
+    state = restoration.restore(config, workdir)[1].state
     return [np.asarray(x) for x in __import__("jax").tree.leaves(state.params)]
 
 

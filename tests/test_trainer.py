@@ -13,12 +13,13 @@ import jax
 import numpy as np
 import optax
 import pytest
+import test_workdir_format
 from tiny_runs import REVERSE
 
 from experiments import config_utils
 from tfjax import errors, models
 from tfjax.data import pipeline
-from tfjax.runs import build, evaluator, lock, trainer
+from tfjax.runs import build, evaluator, lock, restoration, trainer, workdir_format
 from tfjax.training import checkpointing, logger, optim
 from tfjax.training import steps as train_steps
 
@@ -28,8 +29,8 @@ def _config(spec="configs/base.py:tiny", *overrides):
 
 
 def _restore(workdir: pathlib.Path, step=None):
-    config = build.load_config_json(workdir / "config.json")
-    return build.restore(config, workdir, step)[1]
+    config = workdir_format.load_config_json(workdir / "config.json")
+    return restoration.restore(config, workdir, step)[1]
 
 
 def _params(workdir, step=None):
@@ -122,7 +123,7 @@ def test_resuming_with_the_other_scan_layout_converts_the_checkpoint(tmp_path):
     trainer.train_and_evaluate(scanned, tmp_path / "switched")  # resumes at 4, not refused
     assert "layers" in _restore(tmp_path / "switched").state.params["decoder"]
     unscanned = _config("configs/lm.py:tiny", *flags)
-    restored = build.restore(unscanned, tmp_path / "switched")[1]
+    restored = restoration.restore(unscanned, tmp_path / "switched")[1]
     assert restored.step == 6
     # Adam's eps (1e-9) turns float32 rounding in near-zero gradients (rare tokens' embedding
     # rows) into full-size steps, so compare the whole model and the losses, not every element.
@@ -171,7 +172,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(
     kept = "none saved yet" if last_good is None else f"last good checkpoint is step {last_good}"
     with pytest.raises(errors.DivergedError, match=kept):
         trainer.train_and_evaluate(config, tmp_path)
-    assert build.saved_steps(tmp_path) == ([] if last_good is None else [last_good])
+    assert workdir_format.saved_steps(tmp_path) == ([] if last_good is None else [last_good])
     if last_good is not None:  # what a rerun resumes from
         assert _restore(tmp_path).step == last_good
         assert all(np.isfinite(x).all() for x in jax.tree.leaves(_params(tmp_path)))
@@ -222,33 +223,41 @@ def test_a_workdir_from_another_model_is_refused_and_kept(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_checkpoint_from_before_a_new_option_resumes_while_the_option_is_off(tmp_path):
+def test_a_workdir_from_before_new_options_is_refused_in_one_line(tmp_path):
     trainer.train_and_evaluate(
         _config("configs/base.py:tiny", *REVERSE, "train.num_train_steps=4"), tmp_path
     )
     for copy in (tmp_path / "checkpoints").glob(f"*/{checkpointing.CONFIG_COPY}"):
         config = json.loads(copy.read_text())  # as written before tfjax had final_dropout
         del config["model"]["final_dropout"]
-        copy.write_text(json.dumps(config))
+        test_workdir_format.write_older(copy, config)
     longer = _config("configs/base.py:tiny", *REVERSE, "train.num_train_steps=6")
-    trainer.train_and_evaluate(longer, tmp_path)
-    assert _restore(tmp_path).step == 6
-    with pytest.raises(ValueError, match=r"model\.final_dropout: saved false, now true"):
-        on = _config(
-            "configs/base.py:tiny", *REVERSE, "train.num_train_steps=8", "model.final_dropout=true"
-        )
-        trainer.train_and_evaluate(on, tmp_path)
+    before = workdir_format.saved_steps(tmp_path)
+    with pytest.raises(
+        errors.WorkdirError, match=r"was written by tfjax 0\.2\.0 or earlier"
+    ) as raised:
+        trainer.train_and_evaluate(longer, tmp_path)
+    assert "\n" not in str(raised.value) and "checkpoints" in str(raised.value)
+    assert workdir_format.saved_steps(tmp_path) == before and before[-1] == 4  # none written
 
 
-def test_a_config_json_from_before_new_options_loads_with_them_at_their_defaults():
-    tree = build.config_dict(_config("configs/base.py:tiny"))
+def test_a_config_json_from_before_new_options_is_refused_in_one_line(tmp_path):
+    tree = workdir_format.config_dict(_config("configs/base.py:tiny"))
     del tree["model"]["final_dropout"], tree["data"]["scan_split"]
     del tree["train"]["final_eval_examples"]
-    tree["model"]["num_layers"] = 3
-    loaded = build.load_config_dict(tree)
-    assert loaded.model.final_dropout is False and loaded.data.scan_split == "simple"
-    assert loaded.train.final_eval_examples == 0  # the whole split, as those runs had
-    assert loaded.model.num_layers == 3  # what the file says stays
+    test_workdir_format.write_older(tmp_path / "config.json", tree)
+    test_workdir_format.assert_refused(tmp_path / "config.json")
+
+
+def test_a_config_json_of_another_format_is_written_over_only_without_checkpoints(tmp_path, caplog):
+    tree = workdir_format.config_dict(_config("configs/base.py:tiny"))
+    test_workdir_format.write_older(tmp_path / "config.json", tree)
+    with caplog.at_level(logging.WARNING, logger="tfjax.runs.trainer"):
+        trainer._check_config_json(tmp_path)  # nothing depends on it: a warning
+    assert "is of another workdir format and no checkpoint needs it" in caplog.text
+    (tmp_path / "checkpoints" / "2").mkdir(parents=True)
+    with pytest.raises(errors.WorkdirError, match=r"written by tfjax 0\.2\.0 or earlier"):
+        trainer._check_config_json(tmp_path)
 
 
 def test_the_final_eval_scores_final_eval_examples(tmp_path, monkeypatch):

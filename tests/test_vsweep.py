@@ -16,12 +16,13 @@ import jax
 import numpy as np
 import optax
 import pytest
+import test_workdir_format
 
 from experiments import config_utils
 from tfjax import errors, models
 from tfjax.data import pipeline
-from tfjax.runs import build, lock, trainer, vsweep, vsweep_state
-from tfjax.training import logger, optim, steps, vectorized
+from tfjax.runs import lock, restoration, trainer, vsweep, vsweep_state, workdir_format
+from tfjax.training import checkpointing, logger, optim, steps, vectorized
 
 SPEC = "configs/base.py:tiny"
 STEPS = 8
@@ -91,7 +92,7 @@ def _trials(root: pathlib.Path, trials=None, *extra):
 
 
 def _params(config, workdir):
-    return jax.device_get(build.restore(config, workdir)[1].state.params)
+    return jax.device_get(restoration.restore(config, workdir)[1].state.params)
 
 
 def _extracted_params(trials, group_dir):
@@ -163,7 +164,7 @@ def test_each_trial_workdir_is_an_ordinary_run_with_hparams(sweep):
     for trial in sweep["trials"]:
         saved = json.loads((trial.workdir / "config.json").read_text())
         recorded = saved.pop("tokenizer_sha256")  # what a resumed group checks its tokenizer by
-        assert saved == build.config_dict(trial.config)
+        assert saved == workdir_format.config_dict(trial.config)
         assert (trial.workdir / "tokenizer.json").exists() or list(trial.workdir.glob("*.model"))
         file = trial.workdir / "tokenizer.json"
         assert recorded == {"tokenizer.json": hashlib.sha256(file.read_bytes()).hexdigest()}
@@ -290,7 +291,7 @@ def test_bad_sweeps_are_one_line_errors(tmp_path):
         mlm = {"a": ["model.kind=encoder_only", "model.encoder_head=mlm"]}
         vsweep.train_trials(_trials(tmp_path, mlm), tmp_path / "g")
     (tmp_path / "a").mkdir(exist_ok=True)
-    (tmp_path / "a" / "config.json").write_text(json.dumps(build.config_dict(_config())))
+    workdir_format.write_config_json(tmp_path / "a", _config())
     with pytest.raises(errors.CheckpointError, match="run the vectorised sweep first"):
         vsweep_state.extract(tmp_path / "nothing", tmp_path / "a")
 
@@ -302,7 +303,7 @@ def test_another_sweeps_directory_and_a_stranger_workdir_are_refused(sweep, tmp_
         vsweep.train_trials(other, sweep["root"] / "sweep" / "group")
     stranger = tmp_path / "stranger"
     stranger.mkdir()
-    (stranger / "config.json").write_text(json.dumps(build.config_dict(_config("seed=7"))))
+    workdir_format.write_config_json(stranger, _config("seed=7"))
     with pytest.raises(errors.CheckpointError, match="is not a trial of the sweep"):
         vsweep_state.extract(sweep["root"] / "sweep" / "group", stranger)
 
@@ -526,16 +527,22 @@ def test_dropout_with_a_traced_rate_keeps_a_bf16_input_in_bf16():
     assert set(np.unique(np.asarray(traced[1], np.float32))) <= {0.0, 4.0}
 
 
-def test_extract_finds_a_trial_saved_before_new_model_options():
-    full = build.config_dict(config_utils.load_config("configs/base.py:tiny", []))
-    older = json.loads(json.dumps(full))
-    del older["model"]["final_dropout"]  # the sweep ran before the option existed
-    other = json.loads(json.dumps(older))
+def test_extract_finds_the_trial_and_refuses_a_group_saved_before_new_model_options(tmp_path):
+    full = workdir_format.config_dict(config_utils.load_config("configs/base.py:tiny", []))
+    other = json.loads(json.dumps(full))
     other["seed"] = 7
-    trials = [{"name": "other", "config": other}, {"name": "it", "config": older}]
+    trials = [{"name": "other", "config": other}, {"name": "it", "config": full}]
     assert vsweep_state._trial_index(trials, full, "w", "d") == 1
     with pytest.raises(errors.CheckpointError, match="matches none of"):
         vsweep_state._trial_index(trials[:1], full, "w", "d")
+    older = json.loads(json.dumps(full))
+    del older["model"]["final_dropout"]  # the sweep ran before the option existed
+    copy = tmp_path / "checkpoints" / "3" / checkpointing.CONFIG_COPY
+    copy.parent.mkdir(parents=True)
+    test_workdir_format.write_older(copy, {"trials": [{"name": "it", "config": older}]})
+    with pytest.raises(errors.WorkdirError, match=r"written by tfjax 0\.2\.0 or earlier") as raised:
+        vsweep_state.check_trial_names(tmp_path, [types.SimpleNamespace(name="it")])
+    assert "\n" not in str(raised.value)
 
 
 @pytest.mark.slow

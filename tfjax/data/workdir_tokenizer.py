@@ -7,7 +7,7 @@ back. Checkpoints trained with it mean nothing with another: token ids index the
 rows. So `load` refuses, in one `tfjax.errors.DataError` that names the file and the fix, a
 tokenizer that is damaged, one that is missing where checkpoints were trained with it, and one
 whose SHA-256 (`sha256`) is not the one the workdir recorded when it was made (the runs layer
-keeps that in `config.json`, `tfjax.runs.build`). It never builds a tokenizer in place of a
+keeps that in `config.json`, `tfjax.runs.workdir_format`). It never builds a tokenizer in place of a
 missing one: built again from data that changed since, it would give other ids, silently.
 """
 

@@ -7,7 +7,7 @@ word n-grams, beta 2). Report them with `bleu_signature()` / `chrf_signature()`.
 imported inside the functions that need it, so importing this module stays cheap.
 
 `make_decoder` returns a jitted batch decoder for the seq2seq model of a run (a
-`tfjax.runs.build.restore` result): greedy search (`decoding.generate`) or beam search
+`tfjax.runs.restoration.restore` result): greedy search (`decoding.generate`) or beam search
 (`beam_search.beam_search`, best hypothesis). `decode_dataset` runs it over the run's eval
 examples and detokenizes hypotheses, references (the targets) and sources with the run's
 tokenizer; `decode_sources` does the same for token ids from elsewhere (e.g.
@@ -202,7 +202,7 @@ def make_decoder(
     """A jitted decoder for the seq2seq model of `run`.
 
     Args:
-        run: a seq2seq run from `tfjax.runs.build.restore`.
+        run: a seq2seq run from `tfjax.runs.restoration.restore`.
         beam_size: 1 decodes greedily with `decoding.generate`; k > 1 runs beam search with k
             beams and keeps the best hypothesis.
         alpha: the beam search length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016).
@@ -305,7 +305,8 @@ def decode_dataset(
     """Decodes the eval examples of a seq2seq run and detokenizes them.
 
     Args:
-        run: a seq2seq run (`tfjax.runs.build.restore`); its `examples.eval` are decoded in order.
+        run: a seq2seq run (`tfjax.runs.restoration.restore`); its `examples.eval` are decoded
+            in order.
         params: the model parameters (e.g. `restored.state.params`).
         beam_size, alpha: see `make_decoder`.
         batch_size: sources per decoding call (the last batch is padded).

@@ -39,7 +39,7 @@ def host_sum(metrics: dict[str, Any], *, across_hosts: bool) -> dict[str, float]
 
 
 def evaluate(
-    run: build.Run, params: Any, *, max_examples: int = 0, examples: list | None = None
+    run: build.Evaluable, params: Any, *, max_examples: int = 0, examples: list | None = None
 ) -> dict[str, float]:
     """Teacher-forced loss/accuracy on the eval split, plus greedy exact match for seq2seq.
 
@@ -82,7 +82,7 @@ def evaluate(
 
 
 def _greedy_exact_match(
-    run: build.Run, params: Any, batch: dict[str, np.ndarray]
+    run: build.Evaluable, params: Any, batch: dict[str, np.ndarray]
 ) -> tuple[dict, np.ndarray]:
     """Greedy exact-match sums of a batch, and its predictions [B, L] int32."""
     predictions = np.asarray(run.greedy(params, batch["inputs"], batch["inputs_segment_ids"]))
@@ -95,7 +95,7 @@ def _greedy_exact_match(
     return sums, predictions
 
 
-def _hypotheses(run: build.Run, predictions: list[np.ndarray], count: int) -> list[str]:
+def _hypotheses(run: build.Evaluable, predictions: list[np.ndarray], count: int) -> list[str]:
     """The detokenized greedy outputs of the `count` examples, in order, from every host.
 
     Host i of P evaluated examples i, i + P, ... (`pipeline.make_dataset` shards, padded to

@@ -28,12 +28,12 @@ import ml_collections
 from tfjax import errors, models, pretrained
 from tfjax.data import datasets, pretrained_tokenizer
 from tfjax.models import kinds
-from tfjax.runs import build, provenance, trained
+from tfjax.runs import build, trained, validation, workdir_format
 from tfjax.training import checkpointing, steps
 
 HF_CONFIG_FILE = "hf_config.json"  # the converted checkpoint's config.json
 # Model fields a run started from a pretrained model may set its own way.
-RUN_FIELDS = ("model.dropout_rate", "model.attention_dropout_rate", *build.LAYOUT_KEYS)
+RUN_FIELDS = ("model.dropout_rate", "model.attention_dropout_rate", *workdir_format.LAYOUT_KEYS)
 RUN_FIELDS += ("model.dtype", "model.param_dtype", "model.attention_impl")
 
 
@@ -61,7 +61,7 @@ def data_lengths(
     `translate` and `evaluate` read what the checkpoint reads rather than cutting longer
     sources at a preset's limit. A language model or encoder keeps the preset's length, a
     training window or example length, lowered to `limit` where longer. Keys in `explicit`
-    keep the config's value (`build.check_config` refuses one longer than a learned table).
+    keep the config's value (`validation.check_config` refuses one longer than a learned table).
     """
     lengths = {}
     kind = kinds.get(model_config.kind)
@@ -109,14 +109,14 @@ def convert(
     limit = pretrained.family(hf_config).length_limit(hf_dir, hf_config)
     with config.unlocked():
         config.update_from_flattened_dict(data_lengths(config, model_config, limit, explicit))
-    build.check_config(config)
+    validation.check_config(config)
     workdir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(workdir / datasets.DIRECTORY)
     shutil.copyfile(hf_dir / "config.json", workdir / HF_CONFIG_FILE)
     _write_decoding(hf_dir, workdir)
     run = build.build(config, workdir)
     _save_step0(run, workdir, params)
-    provenance.write_config_json(workdir, config)
+    workdir_format.write_config_json(workdir, config)
     return config
 
 
@@ -143,7 +143,7 @@ def _save_step0(run: build.Run, workdir: pathlib.Path, params: dict) -> None:
             run.strategy.checkpoint_state(run.strategy.put_state(state)),
             rng=dropout_rng,
             data_state=iterator.get_state(),
-            config=build.config_dict(run.config),
+            config=workdir_format.stamped(workdir_format.config_dict(run.config)),
             force=True,
         )
 
@@ -221,22 +221,17 @@ def initial_params(config: ml_collections.ConfigDict, run: build.Run) -> Any:
         tfjax.errors.ConversionError: for a checkpoint of another architecture.
     """
     source = pathlib.Path(config.train.init_from)
-    current = build.config_dict(run.config)
+    current = workdir_format.config_dict(run.config)
     if is_hf_dir(source):
         model_config, params = pretrained.load_params(
             source, head=pretrained.head_of(run.model_config)
         )
         saved = {"model": dataclasses.asdict(model_config)}
-        checkpointing.check_compatible(saved, current, section="model", ignore=RUN_FIELDS)
+        workdir_format.check_resumable(saved, current, sections=("model",), ignore=RUN_FIELDS)
         return params
-    saved_config = build.load_config_json(source / "config.json")
-    checkpointing.check_compatible(
-        build.config_dict(saved_config),
-        current,
-        section="model",
-        ignore=RUN_FIELDS,
-        defaults=build.SECTION_DEFAULTS["model"],
-    )
+    saved_config = workdir_format.load_config_json(source / "config.json")
+    saved = workdir_format.config_dict(saved_config)
+    workdir_format.check_resumable(saved, current, sections=("model",), ignore=RUN_FIELDS)
     optimizer, _ = build.make_optimizer(saved_config, run.model_config)
     shapes = datasets.train_row_shapes(
         datasets.DataConfig(**saved_config.data),
@@ -246,7 +241,9 @@ def initial_params(config: ml_collections.ConfigDict, run: build.Run) -> Any:
     sample = {k: jnp.zeros((1, *s), jnp.int32) for k, s in shapes.items()}  # shapes only
     abstract = build.abstract_train_state(run.model, optimizer, sample, run.model_config.kind)
     with checkpointing.Checkpointer(source / "checkpoints") as checkpointer:
-        restored = checkpointer.restore(abstract, convert=build.layout_conversion(run.model_config))
+        restored = checkpointer.restore(
+            abstract, convert=workdir_format.layout_conversion(run.model_config)
+        )
     if restored is None:
         raise errors.CheckpointError(
             f"train.init_from={str(source)!r} holds no checkpoint to start from"

@@ -3,8 +3,9 @@
 Checkpoints hold arrays; what gives them their meaning sits beside them: `config.json` (the
 model, hence the shapes) and the tokenizer (token ids index the embedding rows). So
 `config.json` also records the SHA-256 of the workdir's tokenizer (`TOKENIZER_RECORD`, a key
-beside the config groups that `tfjax.runs.build.load_config_json` leaves out of the config);
-`recorded_sha256` reads it back for `tfjax.data.workdir_tokenizer.load` to check.
+beside the config groups that `tfjax.runs.workdir_format` writes with `with_record` and leaves
+out of the config it reads); `recorded_sha256` reads it back for
+`tfjax.data.workdir_tokenizer.load` to check.
 
 Workdirs written before tfjax recorded it have no record: their tokenizer is taken as found
 (nothing else is known of it, and refusing would strand every such run), and the next
@@ -22,8 +23,6 @@ import json
 import pathlib
 from collections.abc import Callable, Collection
 
-import ml_collections
-
 from tfjax import errors
 from tfjax.data import workdir_tokenizer
 from tfjax.training import checkpointing
@@ -33,18 +32,6 @@ from tfjax.training.checkpointing import compat
 TOKENIZER_RECORD = "tokenizer_sha256"
 # The config groups that decide the arrays of a train state (besides the tokenizer's size).
 SECTIONS = ("model", "optim")
-
-
-def config_dict(config: ml_collections.ConfigDict) -> dict:
-    """JSON-safe nested dict of a config (tuples become lists)."""
-    return json.loads(config.to_json_best_effort())
-
-
-def write_config_json(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
-    """Writes `workdir/config.json`: the resolved config, and the SHA-256 of the workdir's
-    tokenizer that later commands check it against (`TOKENIZER_RECORD`)."""
-    tree = with_record(config_dict(config), config.data.tokenizer, workdir)
-    (workdir / "config.json").write_text(json.dumps(tree, indent=2))
 
 
 def with_record(tree: dict, kind: str, workdir: pathlib.Path) -> dict:
@@ -87,16 +74,16 @@ def explain_mismatch(
 
     Args:
         error: what `Checkpointer.restore` raised.
-        saved: the step's config, with today's fields filled in (`build.load_config_dict`);
-            None if it could not be read.
-        current: the run's config as JSON (`build.config_dict`).
+        saved: the step's config groups (`workdir_format.load_config_dict`); None if it
+            could not be read.
+        current: the run's config as JSON (`workdir_format.config_dict`).
         workdir: the run's directory.
         vocab_size: the model's vocabulary size.
         config_file: the run's config is the workdir's config.json (the decoding tools), not
             the one a training run was given.
         shapes: a config as JSON -> {key path: shape} of the train state it gives with this
             run's tokenizer; None if that config cannot build one.
-        ignore: dotted keys that may differ (`build.LAYOUT_KEYS`).
+        ignore: dotted keys that may differ (`workdir_format.LAYOUT_KEYS`).
     """
     changed = _culprits(saved, current, shapes, ignore)
     checkpoints = workdir / "checkpoints"

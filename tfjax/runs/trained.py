@@ -31,7 +31,7 @@ from tfjax import errors
 from tfjax.data import datasets, sources, tokenizers
 from tfjax.inference import attention_maps, decoding, evaluation
 from tfjax.models import kinds as kinds_lib
-from tfjax.runs import build
+from tfjax.runs import build, restoration, workdir_format
 
 # A request a workdir cannot serve (a `tfjax.errors.UserError`, and a ValueError); defined in
 # `tfjax.errors` so that the training side (`tfjax.runs.lock`) raises the same class.
@@ -78,7 +78,7 @@ def load_config(workdir: str | pathlib.Path, *, kinds: Sequence[str] | None = No
         raise WorkdirError(
             f"{workdir} holds no trained run ({path} is missing): {_train_hint(workdir, kinds[0])}"
         )
-    config = build.load_config_json(path)
+    config = workdir_format.load_config_json(path)
     kind = config.model.kind
     if kind not in kinds:
         raise WorkdirError(
@@ -520,10 +520,10 @@ def load(
     config = load_config(workdir, kinds=kinds, tool=tool)
     _select_split(config, split)
     try:
-        run, restored = build.restore(config, workdir, step, average_last=average_last)
+        run, restored = restoration.restore(config, workdir, step, average_last=average_last)
     except ValueError as err:
         raise WorkdirError(str(err)) from err
-    except build.NoCheckpointError as err:  # a missing data directory is its own error
+    except restoration.NoCheckpointError as err:  # a missing data directory is its own error
         raise WorkdirError(
             f"{workdir / 'checkpoints'} holds no checkpoint: "
             + _train_hint(workdir, config.model.kind)

@@ -41,7 +41,15 @@ from tfjax.data import datasets, pipeline
 from tfjax.models import kinds
 from tfjax.nn import losses
 from tfjax.parallel import distributed, strategies
-from tfjax.runs import build, evaluator, lock, pretrained, provenance
+from tfjax.runs import (
+    build,
+    evaluator,
+    lock,
+    pretrained,
+    restoration,
+    validation,
+    workdir_format,
+)
 from tfjax.runs import loop as loop_lib
 from tfjax.runs.loop import Preemption, Terminated
 from tfjax.training import checkpointing, logger, mlm, profiling, steps, storage
@@ -51,20 +59,12 @@ log = logging.getLogger(__name__)
 
 def _check_settings(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
     """Refuses a run whose model or data settings differ from those of the workdir's newest
-    checkpoint (the copy of its config each keeps), before anything is built: a changed
-    `data.tokenizer` is then named as such, not as a missing or damaged tokenizer."""
-    newest = checkpointing.newest_config(workdir / "checkpoints")
-    if newest is None:
-        return
-    current = build.config_dict(config)
-    for section in ("model", "data"):
-        checkpointing.check_compatible(
-            newest[1],
-            current,
-            section=section,
-            ignore=build.LAYOUT_KEYS,
-            defaults=build.SECTION_DEFAULTS[section],
-        )
+    checkpoint (the copy of its config each keeps), or checkpoints of another workdir format,
+    before anything is built: a changed `data.tokenizer` is then named as such, not as a
+    missing or damaged tokenizer."""
+    saved = workdir_format.newest_checkpoint_config(workdir / "checkpoints")
+    if saved is not None:
+        workdir_format.check_resumable(saved, workdir_format.config_dict(config))
 
 
 def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path):
@@ -73,10 +73,10 @@ def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path
     try:
         restored = checkpointer.restore(
             run.strategy.restore_target(run.abstract_state),
-            convert=build.layout_conversion(run.model_config),
+            convert=workdir_format.layout_conversion(run.model_config),
         )
     except checkpointing.CheckpointMismatchError as err:
-        raise build.explain_mismatch(err, run, workdir, config_file=False) from err
+        raise restoration.explain_mismatch(err, run, workdir, config_file=False) from err
     if restored is None and run.config.train.init_from:
         params = jax.tree.map(jnp.asarray, pretrained.initial_params(run.config, run))
         log.info("starting from the parameters of %s", run.config.train.init_from)
@@ -199,7 +199,7 @@ def _save(run, checkpointer, state, step: int, rng, iterator, pending: list) -> 
         saved,
         rng=rng,
         data_state=iterator.get_state(),
-        config=build.config_dict(run.config),
+        config=workdir_format.stamped(workdir_format.config_dict(run.config)),
         force=True,
     )
 
@@ -255,9 +255,12 @@ class _RunHooks:
 
 
 def train_and_evaluate(
-    config: ml_collections.ConfigDict, workdir: str | pathlib.Path
+    config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, checked: bool = False
 ) -> dict[str, float]:
     """Trains `config` in `workdir` (resuming from its checkpoints); returns final eval metrics.
+
+    `checked`: the caller has already passed `config` through `validation.check_config` (as
+    `experiments.train` does before it starts JAX), so it is not checked again.
 
     The workdir is locked for the whole run (`tfjax.runs.lock`): a second run on it, in this
     process or another, raises `WorkdirLockedError` before writing anything. A SIGTERM stops
@@ -269,7 +272,8 @@ def train_and_evaluate(
             workdir that is a file or in use, a damaged config.json next to checkpoints,
             incompatible checkpoints, a diverged loss.
     """
-    build.check_config(config)  # a bad value stops the run before the workdir is touched
+    if not checked:  # a bad value stops the run before the workdir is touched
+        validation.check_config(config)
     strategies.host_batch_size(config.train.global_batch_size)  # divides over the devices?
     workdir = make_workdir(pathlib.Path(workdir))
     try:
@@ -283,7 +287,7 @@ def train_and_evaluate(
 
 def _nothing_saved(workdir: pathlib.Path) -> str:
     """What a run stopped before its first step leaves, and how to go on."""
-    steps = build.saved_steps(workdir)
+    steps = workdir_format.saved_steps(workdir)
     if not steps:
         return "no checkpoint was saved; rerun the same command to start"
     return (
@@ -293,19 +297,24 @@ def _nothing_saved(workdir: pathlib.Path) -> str:
 
 
 def _check_config_json(workdir: pathlib.Path) -> None:
-    """Refuses to write over a damaged config.json that checkpoints depend on (the message says
-    how to repair it); warns before writing over one that none do."""
+    """Refuses to write over a damaged config.json, or one of another workdir format, that
+    checkpoints depend on (the message says what to do); warns before writing over one that
+    none do."""
     path = workdir / "config.json"
     if not path.is_file():
         return
     try:
-        build.load_config_json(path)
-    except errors.ConfigError as err:
-        if build.saved_steps(workdir):
+        workdir_format.load_config_json(path)
+    except (errors.ConfigError, errors.WorkdirError) as err:
+        other_format = isinstance(err, errors.WorkdirError)
+        if workdir_format.saved_steps(workdir):
+            if other_format:
+                raise  # its own one line: the version that wrote it, what to do
             raise errors.WorkdirError(
                 f"not resuming {workdir}, which holds checkpoints: {err}; then rerun"
             ) from err
-        log.warning("%s is damaged and no checkpoint needs it: this run writes over it", path)
+        what = "is of another workdir format" if other_format else "is damaged"
+        log.warning("%s %s and no checkpoint needs it: this run writes over it", path, what)
 
 
 def make_workdir(workdir: pathlib.Path) -> pathlib.Path:
@@ -349,7 +358,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
         state, rng, start = _initial_state(run, checkpointer, iterator, workdir)
         loop_lib.drop_replayed([writer], start)  # the steps this run logs again
         if chief:  # after the restore: a refused run leaves the workdir as it was
-            provenance.write_config_json(workdir, config)
+            workdir_format.write_config_json(workdir, config)
         hooks = _RunHooks(run, iterator, writer, checkpointer, rng)
         loop = loop_lib.Loop(hooks, config.train, checkpointer, step=start, chief=chief)
         trace = profiling.StepTrace(

@@ -42,7 +42,17 @@ import numpy as np
 
 from tfjax import errors, models
 from tfjax.data import pipeline
-from tfjax.runs import build, evaluator, lock, loop, pbt, provenance, trainer, vsweep_state
+from tfjax.runs import (
+    build,
+    evaluator,
+    lock,
+    loop,
+    pbt,
+    trainer,
+    validation,
+    vsweep_state,
+    workdir_format,
+)
 from tfjax.training import checkpointing, logger, optim, steps, vectorized
 
 log = logging.getLogger(__name__)
@@ -80,7 +90,7 @@ class Outcome:
 
 
 def _flat(config: ml_collections.ConfigDict) -> dict[str, object]:
-    tree = build.config_dict(config)
+    tree = workdir_format.config_dict(config)
     out = {}
     for group, value in tree.items():
         if group in _NOT_COMPARED:
@@ -122,7 +132,7 @@ def _check_trials(trials: Sequence[Trial]) -> None:
     if len(set(names)) < len(names):
         raise errors.ConfigError(f"trial names must be unique, got {names}")
     for trial in trials:
-        build.check_config(trial.config)
+        validation.check_config(trial.config)
     differing = splitting_keys(trials)
     if differing:
         raise errors.ConfigError(
@@ -200,7 +210,9 @@ class _Group:
         self.trials, self.directory, self.judge = list(trials), directory, judge
         self.config = trials[0].config
         vsweep_state.check_trial_names(directory, self.trials)
-        self.examples = vsweep_state.load_examples(self.trials, bool(build.saved_steps(directory)))
+        self.examples = vsweep_state.load_examples(
+            self.trials, bool(workdir_format.saved_steps(directory))
+        )
         vocab = self.examples[self.config.seed].tokenizer.vocab_size
         self.model_config = build.make_model_config(self.config, vocab)
         self.model = models.create_model(self.model_config)
@@ -237,7 +249,7 @@ class _Group:
         )
         self.step_fn = self._compile()
 
-    def _trial_run(self, trial: Trial) -> build.Run:
+    def _trial_run(self, trial: Trial) -> build.Evaluable:
         """What `evaluator.evaluate` needs of one trial (its data and label smoothing); the
         trials share the compiled greedy decoder and one eval step per smoothing value."""
         smoothing = trial.config.train.label_smoothing
@@ -250,16 +262,12 @@ class _Group:
                     unscored_id=self.unscored_id,
                 )
             )
-        return build.Run(
+        return build.Evaluable(
             config=trial.config,
             model_config=self.model_config,
             model=self.model,
             examples=self.examples[trial.config.seed],
-            strategy=None,
-            train_step=None,
             eval_step=self._eval_steps[smoothing],
-            abstract_state=None,
-            optimizer=None,
             greedy=self._greedy,
         )
 
@@ -356,7 +364,7 @@ class _GroupHooks:
         if self.population is not None and start == 0:
             self._write_pbt(0, None, {})
         for trial in self.group.trials:
-            provenance.write_config_json(trial.workdir, trial.config)
+            workdir_format.write_config_json(trial.workdir, trial.config)
         return state, start
 
     def _drop_replayed(self, start: int) -> None:

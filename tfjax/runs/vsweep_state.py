@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tfjax import errors
 from tfjax.data import datasets
 from tfjax.nn import losses
-from tfjax.runs import build, evaluator
+from tfjax.runs import build, evaluator, workdir_format
 from tfjax.training import checkpointing, optim, steps, vectorized
 
 CHECKPOINTS = "checkpoints"
@@ -125,9 +125,10 @@ class Placement:
 
 
 def _sweep_config(group) -> dict:
-    return {
-        "trials": [{"name": t.name, "config": build.config_dict(t.config)} for t in group.trials]
-    }
+    trials = [
+        {"name": t.name, "config": workdir_format.config_dict(t.config)} for t in group.trials
+    ]
+    return workdir_format.stamped({"trials": trials})
 
 
 def save(
@@ -146,8 +147,10 @@ def save(
 
 
 def restore(checkpointer, abstract: vectorized.SweepState, group):
-    """The group's latest good checkpoint, or None; refuses another sweep's checkpoints."""
+    """The group's latest good checkpoint, or None; refuses another sweep's checkpoints, and
+    checkpoints of another workdir format."""
     for saved in checkpointer.saved_configs()[:1]:
+        workdir_format.check_format(saved, checkpointer.directory)
         _check_same_trials(saved, _sweep_config(group), checkpointer.directory)
     return checkpointer.restore(abstract)
 
@@ -155,9 +158,9 @@ def restore(checkpointer, abstract: vectorized.SweepState, group):
 def check_trial_names(directory: pathlib.Path, trials) -> None:
     """Refuses a group directory whose newest checkpoint holds other trials, before the
     trials' data and tokenizers are read (their workdirs may not hold any yet)."""
-    newest = checkpointing.newest_config(directory / "checkpoints")
-    if newest is not None and "trials" in newest[1]:
-        _check_names(newest[1], [t.name for t in trials], directory / "checkpoints")
+    saved = workdir_format.newest_checkpoint_config(directory / "checkpoints")
+    if saved is not None and "trials" in saved:
+        _check_names(saved, [t.name for t in trials], directory / "checkpoints")
 
 
 def _check_names(saved: dict, names: list[str], directory) -> None:
@@ -172,14 +175,7 @@ def _check_names(saved: dict, names: list[str], directory) -> None:
 def _check_same_trials(saved: dict, current: dict, directory) -> None:
     _check_names(saved, [t["name"] for t in current["trials"]], directory)
     for old, new in zip(saved["trials"], current["trials"], strict=True):
-        for section in ("model", "data"):
-            checkpointing.check_compatible(
-                old["config"],
-                new["config"],
-                section=section,
-                ignore=build.LAYOUT_KEYS,
-                defaults=build.SECTION_DEFAULTS[section],
-            )
+        workdir_format.check_resumable(old["config"], new["config"])
 
 
 def abstract_state(run: build.Run, structure: optim.TracedStructure, num_trials: int):
@@ -207,17 +203,18 @@ def extract(directory: str | pathlib.Path, workdir: str | pathlib.Path) -> int:
             trials'.
     """
     directory, workdir = pathlib.Path(directory), pathlib.Path(workdir)
-    config = build.load_config_json(workdir / "config.json")
+    config = workdir_format.load_config_json(workdir / "config.json")
     with checkpointing.Checkpointer(directory / CHECKPOINTS) as group_checkpoints:
         saved = group_checkpoints.saved_configs()
         if not saved:
             raise errors.CheckpointError(
                 f"no checkpoint in {directory / CHECKPOINTS}: run the vectorised sweep first"
             )
+        workdir_format.check_format(saved[0], directory / CHECKPOINTS)
         trials = saved[0]["trials"]
-        index = _trial_index(trials, build.config_dict(config), workdir, directory)
+        index = _trial_index(trials, workdir_format.config_dict(config), workdir, directory)
         run = build.build(config, workdir)
-        configs = [build.load_config_dict(t["config"]) for t in trials]
+        configs = [workdir_format.load_config_dict(t["config"]) for t in trials]
         structure = optim.traced_structure([build.optim_config(c) for c in configs])
         abstract, _ = abstract_state(run, structure, len(trials))
         restored = group_checkpoints.restore(abstract)
@@ -230,15 +227,15 @@ def extract(directory: str | pathlib.Path, workdir: str | pathlib.Path) -> int:
             own,
             rng=restored.rng[index],
             data_state=restored.data_state["iterators"][str(config.seed)],
-            config=build.config_dict(config),
+            config=workdir_format.stamped(workdir_format.config_dict(config)),
             force=True,
         )
     return restored.step
 
 
 def _trial_index(trials: list[dict], config: dict, workdir, directory) -> int:
-    for index, trial in enumerate(trials):  # fields newer than the sweep at their defaults
-        if build.config_dict(build.load_config_dict(trial["config"])) == config:
+    for index, trial in enumerate(trials):
+        if workdir_format.config_dict(workdir_format.load_config_dict(trial["config"])) == config:
             return index
     raise errors.CheckpointError(
         f"{workdir} is not a trial of the sweep checkpointed in {directory} (its config.json "

@@ -13,9 +13,7 @@ with Jordan's quintic coefficients (3.4445, -4.7750, 2.0315), five steps, U norm
 Frobenius norm 1 (+ `NS_EPS`). The bias correction is the one difference from the original
 (which uses M and G unscaled): it changes the direction of the first few updates only, since
 the Newton-Schulz input is normalised and both factors tend to 1 (the comparison of the two:
-docs/training.md, "Muon"). optax's state (count, mu, ns_coeffs) differs from the former
-hand-written one's (momentum only); checkpoints written before are converted as they are read
-(`from_legacy_state`).
+docs/training.md, "Muon").
 
 Only the hidden layers' matrices take Muon (`muon_dimensions`); embeddings, output and
 classification layers, biases and norm scales keep Adam (`tfjax.training.optim`,
@@ -26,13 +24,9 @@ optimizer="muon"). tfjax's kernels are not all 2-D: attention projections are
 the output axes, and each layer's matrix (optax's batch axes) is orthogonalised alone.
 """
 
-import logging
 import math
-from collections.abc import Collection
-from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import optax
 from optax import contrib
 
@@ -41,7 +35,6 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
 NS_EPS = 1e-7  # added to the Frobenius norm before Newton-Schulz (optax's default: 1e-8)
 
-log = logging.getLogger(__name__)
 
 # Kernels that take Muon: (parent module names it may sit in, its module name) -> (the
 # kernel's number of axes in an unscanned layer, its fan-in axes).
@@ -130,72 +123,3 @@ def scale_by_width() -> optax.GradientTransformation:
         return jax.tree_util.tree_map_with_path(scale, updates), state
 
     return optax.GradientTransformation(optax.init_empty_state, update_fn)
-
-
-class LegacyMuonState(NamedTuple):
-    """The state of tfjax's former hand-written Muon transformation: its momentum buffer only
-    (a tree like the params, optax's masked-out nodes where Adam takes over)."""
-
-    momentum: optax.Updates
-
-
-def has_legacy_state(saved_keys: Collection[str]) -> bool:
-    """Whether a checkpoint's state, given by the key paths of its arrays (the `checksums`
-    item's keys), holds the former Muon state: only it had a field named `momentum`."""
-    return any(".momentum" in key for key in saved_keys)
-
-
-def _is_muon_chain(node: Any) -> bool:
-    """The state of `scale_by_muon`'s chain: (optax's MuonState, scale_by_width's EmptyState)."""
-    return (
-        isinstance(node, tuple)
-        and len(node) == 2
-        and isinstance(node[0], contrib.MuonState)
-        and isinstance(node[1], optax.EmptyState)
-    )
-
-
-def _is_legacy_matrices(node: Any) -> bool:
-    """The state of `tfjax.training.optim`'s Muon chain as the former Muon left it:
-    (LegacyMuonState, add_decayed_weights' EmptyState, scale_by_learning_rate's state)."""
-    return isinstance(node, tuple) and len(node) == 3 and isinstance(node[0], LegacyMuonState)
-
-
-def to_legacy_state(state: Any) -> Any:
-    """`state` (a train state, or any tree holding Muon states) with each `scale_by_muon`
-    state in the former layout, `LegacyMuonState(momentum=mu)`: the tree an old checkpoint is
-    restored into (run on an abstract state under `jax.eval_shape`)."""
-
-    def convert(node):
-        return LegacyMuonState(momentum=node[0].mu) if _is_muon_chain(node) else node
-
-    return jax.tree.map(convert, state, is_leaf=_is_muon_chain)
-
-
-def from_legacy_state(state: Any) -> Any:
-    """`state` restored from a checkpoint of the former hand-written Muon, in optax's layout.
-
-    Kept so that workdirs written before Muon moved onto `optax.contrib.scale_by_muon` still
-    resume. Both momentum buffers are the same exponential average, M <- beta M + (1 - beta) G
-    (optax applies its bias correction to M when it uses it, not to the buffer), so the old
-    `momentum` becomes `mu` unchanged. optax's `count` (updates applied, for the bias
-    correction) is the count of the learning-rate schedule beside it in the same chain, which
-    also advanced once per applied update; `ns_coeffs` are `NS_COEFFS`, as `scale_by_muon`
-    sets them. The Adam part is left as it is.
-    """
-
-    def convert(node):
-        if not _is_legacy_matrices(node):
-            return node
-        legacy, decay, schedule = node
-        # A copy: the same buffer twice in the state would be donated twice by the train step.
-        count = jnp.array(schedule.count, jnp.int32, copy=True)
-        coeffs = jnp.asarray(NS_COEFFS)
-        if isinstance(count, jax.Array):  # placed as the count is (replicated on the mesh)
-            coeffs = jax.device_put(coeffs, count.sharding)
-        new = contrib.MuonState(count=count, mu=legacy.momentum, ns_coeffs=coeffs)
-        return ((new, optax.EmptyState()), decay, schedule)
-
-    converted = jax.tree.map(convert, state, is_leaf=_is_legacy_matrices)
-    log.info("converted the former Muon optimizer state (momentum) to optax's Muon state")
-    return converted

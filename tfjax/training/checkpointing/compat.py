@@ -19,7 +19,6 @@ def check_compatible(
     *,
     section: str = "model",
     ignore: Collection[str] = (),
-    defaults: dict | None = None,
 ) -> None:
     """Checks that `config[section]` equals the one a checkpoint was written with.
 
@@ -32,16 +31,12 @@ def check_compatible(
         ignore: dotted keys (e.g. "model.scan_layers") that may differ, or be absent on one
             side: settings that change how the same numbers are computed or laid out, which
             restoring converts (see `Checkpointer.restore`'s `convert`).
-        defaults: the section's field defaults (e.g. `dataclasses.asdict(ModelConfig())`): a
-            key the saved config lacks counts as saved at its default. Options added to tfjax
-            after a checkpoint was written are off by default and leave the computation as it
-            was, so such a checkpoint resumes unless the run turns one on.
 
     Raises:
         CheckpointError: (a ValueError) on one line, listing each differing key with its saved
             and current value.
     """
-    diffs = differences(saved_config, config, sections=(section,), ignore=ignore, defaults=defaults)
+    diffs = differences(saved_config, config, sections=(section,), ignore=ignore)
     if not diffs:
         return
     changes = "; ".join(f"{key}: saved {show(old)}, now {show(new)}" for key, old, new in diffs)
@@ -59,17 +54,13 @@ def differences(
     *,
     sections: Collection[str],
     ignore: Collection[str] = (),
-    defaults: dict | None = None,
 ) -> list[tuple[str, Any, Any]]:
     """(dotted key, saved value, current value) of each key of `sections` that differs, sorted
-    by key; `ABSENT` for a key on one side only. `ignore` and `defaults` (of a single section)
-    as in `check_compatible`."""
+    by key; `ABSENT` for a key on one side only; `ignore` as in `check_compatible`."""
     saved, now = {}, {}
     for section in sections:
         saved.update(_flatten(saved_config.get(section, {}), section))
         now.update(_flatten(config.get(section, {}), section))
-        for key, value in _flatten(defaults or {}, section).items():
-            saved.setdefault(key, value)
     return [
         (key, saved.get(key, ABSENT), now.get(key, ABSENT))
         for key in sorted((saved.keys() | now.keys()) - set(ignore))

@@ -225,7 +225,7 @@ class Checkpointer:
             convert: given the config a step was saved with and its state's key paths, the
                 `restoring.Conversion` from its state layout to `abstract_state`'s, or None when
                 they match (e.g. a checkpoint of an unscanned model restored into a scanned
-                one, or one of the former Muon, `tfjax.runs.build`).
+                one, `tfjax.runs.workdir_format.layout_conversion`).
 
         Returns:
             The restored checkpoint, or None if the directory holds no checkpoint.
