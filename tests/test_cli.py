@@ -19,6 +19,7 @@ import time
 import types
 
 import pytest
+import test_workdir_format
 import tiny_runs
 from absl import flags
 from absl import logging as absl_logging
@@ -27,6 +28,7 @@ from tiny_runs import REVERSE
 from experiments import cli, config_utils
 from tfjax import errors
 from tfjax.runs import lock, trainer
+from tfjax.training import checkpointing
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--config=configs/base.py:tiny", *(f"--config.{o}" for o in REVERSE)]
@@ -173,6 +175,10 @@ def paths(tmp_path_factory):
     _alter_one_array(altered / "checkpoints" / "2", "params.decoder.layer_0.mlp.wi.kernel")
     shutil.copytree(trained, damaged)
     assert _damage_every_data_file(damaged / "checkpoints" / "2") > 0
+    older = root / "older"  # as tfjax 0.2.0 wrote it: no workdir format recorded
+    shutil.copytree(trained, older)
+    for path in (older / "config.json", *older.glob(f"checkpoints/*/{checkpointing.CONFIG_COPY}")):
+        test_workdir_format.write_older(path, json.loads(path.read_text()))
     (root / "file").write_text("not a directory\n")
     (root / "syntax.py").write_text("def get_config(arg=None)\n    return None\n")
     (root / "buggy.py").write_text("def get_config(arg=None):\n    return {}['oops']\n")
@@ -182,6 +188,7 @@ def paths(tmp_path_factory):
         "trained": trained,
         "altered": altered,
         "damaged": damaged,
+        "older": older,
         "file": root / "file",
         "syntax": root / "syntax.py",
         "buggy": root / "buggy.py",
@@ -247,6 +254,11 @@ CASES = [
      [*TINY, "--config.optim.schedule=constant", "--config.optim.learning_rate=1e30",
       "--workdir={root}/new_nan"],
      ["non-finite loss", "optim.learning_rate", "rerun"], False),
+    ("workdir of an older format", "train", [*TINY, "--workdir={older}"],
+     ["{older}/config.json was written by tfjax 0.2.0 or earlier",
+      "train again in a new --workdir"], False),
+    ("evaluate: workdir of an older format", "evaluate", ["--workdir={older}"],
+     ["{older}/config.json was written by tfjax 0.2.0 or earlier"], False),
     ("translate: no --workdir", "translate", [], ["missing --workdir"], True),
     ("translate: workdir is a file", "translate", ["--workdir={file}"],
      ["is a file, not a workdir"], True),
@@ -282,7 +294,7 @@ CASES = [
 @pytest.mark.parametrize("name, module, args, words, early", CASES, ids=[c[0] for c in CASES])
 def test_a_user_error_is_one_line_with_status_2(paths, name, module, args, words, early):
     fill = {key: str(value) for key, value in paths.items()} | {"pid": os.getpid()}
-    before = {key: _digest(paths[key]) for key in ("trained", "altered", "damaged")}
+    before = {key: _digest(paths[key]) for key in ("trained", "altered", "damaged", "older")}
     if name == "workdir locked":
         with lock.WorkdirLock(paths["trained"]):
             done = _run(module, [arg.format(**fill) for arg in args])

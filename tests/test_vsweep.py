@@ -164,7 +164,7 @@ def test_each_trial_workdir_is_an_ordinary_run_with_hparams(sweep):
     for trial in sweep["trials"]:
         saved = json.loads((trial.workdir / "config.json").read_text())
         recorded = saved.pop("tokenizer_sha256")  # what a resumed group checks its tokenizer by
-        assert saved == workdir_format.config_dict(trial.config)
+        assert saved == workdir_format.stamped(workdir_format.config_dict(trial.config))
         assert (trial.workdir / "tokenizer.json").exists() or list(trial.workdir.glob("*.model"))
         file = trial.workdir / "tokenizer.json"
         assert recorded == {"tokenizer.json": hashlib.sha256(file.read_bytes()).hexdigest()}

@@ -7,9 +7,10 @@ beside the config groups that `tfjax.runs.workdir_format` writes with `with_reco
 out of the config it reads); `recorded_sha256` reads it back for
 `tfjax.data.workdir_tokenizer.load` to check.
 
-Workdirs written before tfjax recorded it have no record: their tokenizer is taken as found
-(nothing else is known of it, and refusing would strand every such run), and the next
-`experiments.train` on the workdir records the tokenizer it resumed with. A missing tokenizer is
+A config.json without the record (workdirs of older tfjax versions are refused whole by their
+format, `tfjax.runs.workdir_format`; this is one edited by hand) has its tokenizer taken as
+found (nothing else is known of it), and the next `experiments.train` on the workdir records
+the tokenizer it resumed with. A missing tokenizer is
 refused either way: it is never built again behind the user's back.
 
 When a checkpoint's arrays do not fit the state a run restores into
@@ -44,7 +45,7 @@ def with_record(tree: dict, kind: str, workdir: pathlib.Path) -> dict:
 
 def recorded_sha256(workdir: pathlib.Path, kind: str) -> str | None:
     """The SHA-256 that `workdir/config.json` records for its tokenizer of `kind`; None when it
-    records none (an older workdir) or cannot be read (its readers report that)."""
+    records none (a hand-edited file) or cannot be read (its readers report that)."""
     try:
         tree = json.loads((workdir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -178,7 +178,7 @@ def _check_same_trials(saved: dict, current: dict, directory) -> None:
         workdir_format.check_resumable(old["config"], new["config"])
 
 
-def abstract_state(run: build.Run, structure: optim.TracedStructure, num_trials: int):
+def abstract_state(run: build.Evaluable, structure: optim.TracedStructure, num_trials: int):
     """The group's `SweepState` as `jax.ShapeDtypeStruct`s, and the vmapped initialiser
     `init(rngs [T]) -> train state` (built from `run`: one trial's model and data)."""
     sample = jax.tree.map(lambda x: jnp.zeros((1, *x.shape), x.dtype), run.examples.train[0])
