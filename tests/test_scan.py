@@ -464,8 +464,7 @@ def _train_setup(scan: bool):
 def test_a_checkpoint_restores_into_the_other_layout_and_training_goes_on(tmp_path, saved_scan):
     state, train_step = _train_setup(saved_scan)
     state = train_step(state)  # non-zero Adam moments
-    # A checkpoint from before `scan_layers` existed has no such key: it is unscanned.
-    saved_model = {"scan_layers": True} if saved_scan else {}
+    saved_model = {"scan_layers": saved_scan}
     with checkpointing.Checkpointer(tmp_path) as checkpointer:
         checkpointer.save(
             1, state, rng=jax.random.key(0), data_state={}, config={"model": saved_model}
