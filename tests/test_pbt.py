@@ -15,7 +15,7 @@ import pytest
 from experiments import config_utils
 from tfjax import errors
 from tfjax.data import pipeline
-from tfjax.runs import build, pbt, vsweep, vsweep_state
+from tfjax.runs import pbt, restoration, vsweep, vsweep_state
 from tfjax.training import logger, population, vectorized
 
 COMMON = [
@@ -53,7 +53,7 @@ def _final_params(trials, group_dir: pathlib.Path):
     out = []
     for trial in trials:
         vsweep_state.extract(group_dir, trial.workdir)
-        out.append(jax.device_get(build.restore(trial.config, trial.workdir)[1].state.params))
+        out.append(jax.device_get(restoration.restore(trial.config, trial.workdir)[1].state.params))
     return out
 
 

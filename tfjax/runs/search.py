@@ -37,7 +37,7 @@ from typing import Any
 import ml_collections
 
 from tfjax import errors
-from tfjax.runs import build, search_space, vsweep, vsweep_state
+from tfjax.runs import search_space, validation, vsweep, vsweep_state
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ def train_generation(search: Search, study, asked: Sequence) -> bool:
         trial.set_user_attr("host", f"{socket.gethostname()}:{os.getpid()}")
         try:
             config = search.make_config(trial.params)
-            build.check_config(config)
+            validation.check_config(config)
         except errors.UserError as err:  # a suggestion the config refuses: this trial fails
             log.warning("trial %d failed: %s", trial.number, err)
             tell(study, trial, vsweep.Outcome(f"failed ({err})", {}), search.spec.metric)
