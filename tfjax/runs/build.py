@@ -64,9 +64,10 @@ class Run(Evaluable):
 
 
 def optim_config(config: ml_collections.ConfigDict) -> optim.OptimConfig:
-    """`OptimConfig(**config.optim)`; cosine `decay_steps` 0 = the whole run, in updates."""
+    """`OptimConfig(**config.optim)`; cosine and wsd `decay_steps` 0 = the whole run, in
+    updates."""
     fields = config.optim.to_dict()
-    if fields["schedule"] == "cosine" and not fields["decay_steps"]:
+    if fields["schedule"] in ("cosine", "wsd") and not fields["decay_steps"]:
         # 0 = decay over the whole run, counted in applied updates.
         fields["decay_steps"] = config.train.num_train_steps // fields["grad_accum_steps"]
     return optim.OptimConfig(**fields)

@@ -61,7 +61,8 @@ class OptimConfig:
         muon_learning_rate: with "muon", the Muon part's `learning_rate`, on the same schedule
             (under "paper" a scale too: scale · d_model^-0.5 · warmup^-0.5 is Muon's peak).
         muon_momentum: with "muon", the Muon part's (Nesterov) momentum; b1 is AdamW's.
-        schedule: "paper", "rsqrt", "cosine" or "constant" (linear warmup, then constant).
+        schedule: "paper", "rsqrt", "cosine", "constant" (linear warmup, then constant) or
+            "wsd" (warmup, constant, then a decay over the last `decay_fraction`).
         warmup_steps: linear warmup length in applied updates; > 0 for "paper" and "rsqrt".
         b1, b2, eps: the recipes' Adam hyperparameters (defaults from Vaswani et al. 2017
             §5.3); an optimizer by name takes its own from `kwargs`.
@@ -72,8 +73,10 @@ class OptimConfig:
             the >= 2-D tensors, by leaf name so that scanned stacks' 2-D biases stay undecayed).
         grad_clip_norm: clip gradients to this global norm; 0 turns clipping off.
         grad_accum_steps: micro-batches averaged per applied update (`optax.MultiSteps`).
-        decay_steps: total applied updates of the "cosine" schedule, warmup included.
-        end_lr_fraction: the "cosine" floor as a fraction of the peak.
+        decay_steps: total applied updates of the "cosine" and "wsd" schedules, warmup included.
+        end_lr_fraction: the "cosine" and "wsd" floor as a fraction of the peak.
+        decay_fraction: the "wsd" decay's share of `decay_steps`, in (0, 1].
+        decay_shape: the "wsd" decay's shape, one of `schedules.DECAY_SHAPES`.
         kwargs: keyword arguments of an optimizer by name (`optim.kwargs.b1=0.95`); optax's
             defaults for the others. Empty for the recipes.
     """
@@ -93,6 +96,8 @@ class OptimConfig:
     grad_accum_steps: int = 1
     decay_steps: int = 0
     end_lr_fraction: float = 0.0
+    decay_fraction: float = 0.1
+    decay_shape: str = "linear"
     kwargs: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
@@ -114,6 +119,8 @@ class OptimConfig:
             )
         names = schedules.SCHEDULES
         _require(self.schedule in names, "schedule", f"one of {names}", self.schedule)
+        shapes, shape = schedules.DECAY_SHAPES, self.decay_shape
+        _require(shape in shapes, "decay_shape", f"one of {shapes}", shape)
         decayed = self.weight_decay_params
         _require(decayed in DECAYED, "weight_decay_params", f"one of {DECAYED}", decayed)
 
@@ -138,16 +145,23 @@ class OptimConfig:
             _require(_is_real(value) and value >= 0, field, "a number >= 0 (0 = off)", value)
         end = self.end_lr_fraction
         _require(_is_real(end) and 0 <= end <= 1, "end_lr_fraction", "a number in [0, 1]", end)
+        frac = self.decay_fraction
+        _require(_is_real(frac) and 0 < frac <= 1, "decay_fraction", "a number in (0, 1]", frac)
 
     def _check_combinations(self) -> None:
         if self.schedule in ("paper", "rsqrt"):
             expected = f"> 0 for schedule={self.schedule!r}"
             _require(self.warmup_steps > 0, "warmup_steps", expected, self.warmup_steps)
-        if self.schedule == "cosine":
-            expected = f"> warmup_steps ({self.warmup_steps}) for schedule='cosine'"
+        if self.schedule in ("cosine", "wsd"):
+            expected = f"> warmup_steps ({self.warmup_steps}) for schedule={self.schedule!r}"
             _require(
                 self.decay_steps > self.warmup_steps, "decay_steps", expected, self.decay_steps
             )
+        if self.schedule == "wsd":
+            fraction, warmup = self.decay_fraction, self.warmup_steps
+            expected = f"<= 1 - warmup_steps / decay_steps ({warmup}/{self.decay_steps})"
+            start = self.decay_steps * (1 - fraction)
+            _require(start + 1e-6 >= warmup, "decay_fraction", expected, fraction)
         _check_weight_decay(self.optimizer, self.weight_decay)
         if self.optimizer not in RECIPES:
             optax_by_name.check_kwargs(
@@ -183,6 +197,15 @@ def make_schedule(config: OptimConfig, d_model: int) -> optax.Schedule:
         return schedules.rsqrt_schedule(lr, warmup)
     if config.schedule == "cosine":
         return schedules.cosine_schedule(lr, warmup, config.decay_steps, config.end_lr_fraction)
+    if config.schedule == "wsd":
+        return schedules.wsd_schedule(
+            lr,
+            warmup,
+            config.decay_steps,
+            config.decay_fraction,
+            config.end_lr_fraction,
+            config.decay_shape,
+        )
     return schedules.constant_schedule(lr, warmup)
 
 
@@ -289,8 +312,9 @@ _TRACED_NUMBERS = (
     "grad_clip_norm",
     "decay_steps",
     "end_lr_fraction",
+    "decay_fraction",
 )
-TRACEABLE = (*_TRACED_NUMBERS, "schedule", "optimizer", "kwargs")
+TRACEABLE = (*_TRACED_NUMBERS, "schedule", "decay_shape", "optimizer", "kwargs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,6 +413,7 @@ def traced_hyper(config: OptimConfig, structure: TracedStructure) -> dict[str, j
     if config.grad_clip_norm == 0:
         hyper["grad_clip_norm"] = jnp.float32(jnp.inf)  # clipping off: the identity
     hyper["schedule"] = jnp.int32(structure.schedules.index(config.schedule))
+    hyper["decay_shape"] = jnp.int32(schedules.DECAY_SHAPES.index(config.decay_shape))
     for key in structure.traced_kwargs:
         hyper[f"kwargs.{key}"] = jnp.float32(config.kwargs[key])
     return hyper
@@ -417,6 +442,11 @@ def traced_optimizer(
         ),
         "constant": lambda s: schedules.constant_lr(
             s, hyper["learning_rate"], hyper["warmup_steps"]
+        ),
+        "wsd": lambda s: schedules.wsd_lr(
+            s,
+            *(hyper[k] for k in ("learning_rate", "warmup_steps", "decay_steps")),
+            *(hyper[k] for k in ("decay_fraction", "end_lr_fraction", "decay_shape")),
         ),
     }
 

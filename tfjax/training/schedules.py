@@ -8,6 +8,12 @@ Sources:
 - `cosine_schedule`: Loshchilov & Hutter 2017, "SGDR", eq. (5), without restarts, after a linear
   warmup.
 - `constant_schedule`: a linear warmup, then constant.
+- `wsd_schedule`: warmup-stable-decay: a linear warmup, a constant phase, then a decay over the
+  last `decay_fraction` of the run, "linear" (Hu et al. 2024, "MiniCPM", §4.1), "cosine", or
+  "sqrt" (1 - sqrt of the progress: Hägele et al. 2024, "Scaling Laws and Compute-Optimal
+  Training Beyond Fixed Training Durations", §3). The constant phase does not depend on where
+  the run ends, so a decay can branch off any of its checkpoints (docs/training.md, "Branching a
+  decay off a stable-phase checkpoint").
 
 All schedules take optax's update count (0 for the first update) and evaluate at s = count + 1, so
 the first update never has a zero learning rate and the paper's formula applies as written. The
@@ -23,7 +29,8 @@ import optax
 
 from tfjax import errors
 
-SCHEDULES = ("paper", "rsqrt", "cosine", "constant")
+SCHEDULES = ("paper", "rsqrt", "cosine", "constant", "wsd")
+DECAY_SHAPES = ("linear", "cosine", "sqrt")  # `wsd_schedule`'s decay
 
 
 def paper_step(count: jax.Array | int) -> jax.Array:
@@ -64,6 +71,30 @@ def cosine_lr(s, peak, warmup_steps, decay_steps, end_fraction):
 def constant_lr(s, peak, warmup_steps):
     """`constant_schedule`'s LR at step s."""
     return peak * _warmup_factor(s, warmup_steps)
+
+
+def _decay_factor(progress: jax.Array, shape) -> jax.Array:
+    """The WSD decay's factor, 1 at progress 0 down to 0 at 1; `shape` is one of
+    `DECAY_SHAPES` or (a vectorised sweep's trial) a traced int32 index into it."""
+    factors = (
+        1.0 - progress,
+        0.5 * (1.0 + jnp.cos(jnp.pi * progress)),
+        1.0 - jnp.sqrt(progress),
+    )
+    if isinstance(shape, str):
+        return factors[DECAY_SHAPES.index(shape)]
+    return jnp.select([shape == i for i in range(len(factors))], factors)
+
+
+def wsd_lr(s, peak, warmup_steps, decay_steps, decay_fraction, end_fraction, shape):
+    """`wsd_schedule`'s LR at step s: warmup to `peak`, constant until the decay starts at
+    s0 = decay_steps · (1 - decay_fraction), then peak · end_fraction + peak · (1 -
+    end_fraction) · factor((s - s0) / (decay_steps - s0)), the progress clipped to [0, 1]."""
+    end = peak * end_fraction
+    start = decay_steps * (1.0 - decay_fraction)
+    progress = jnp.clip((s - start) / jnp.maximum(decay_steps - start, 1e-9), 0.0, 1.0)
+    decayed = end + (peak - end) * _decay_factor(progress, shape)
+    return jnp.where(s <= start, peak * _warmup_factor(s, warmup_steps), decayed)
 
 
 def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
@@ -135,5 +166,45 @@ def constant_schedule(peak: float, warmup_steps: int) -> optax.Schedule:
 
     def schedule(count):
         return constant_lr(paper_step(count), peak, warmup_steps)
+
+    return schedule
+
+
+def wsd_schedule(
+    peak: float,
+    warmup_steps: int,
+    decay_steps: int,
+    decay_fraction: float,
+    end_fraction: float = 0.0,
+    shape: str = "linear",
+) -> optax.Schedule:
+    """Warmup-stable-decay: linear warmup to `peak`, constant, then a decay to peak ·
+    end_fraction over the last `decay_fraction` of `decay_steps` (`wsd_lr`).
+
+    Args:
+        peak: the LR of the stable phase.
+        warmup_steps: warmup length (0 = start at the peak).
+        decay_steps: the step at which the floor is reached (the run's length), warmup included.
+        decay_fraction: the decay's share of `decay_steps`, in (0, 1]; the decay starts after
+            s0 = decay_steps · (1 - decay_fraction), which must be >= warmup_steps.
+        end_fraction: the floor as a fraction of `peak`.
+        shape: the decay's shape, one of `DECAY_SHAPES`.
+
+    Returns:
+        A schedule mapping optax's count c (from 0) to a float32 LR evaluated at s = c + 1.
+    """
+    start = decay_steps * (1.0 - decay_fraction)
+    if not (0 < decay_fraction <= 1 and warmup_steps <= start + 1e-6):
+        raise errors.ConfigError(
+            f"decay_steps, decay_fraction: expected decay_fraction in (0, 1] and warmup_steps "
+            f"({warmup_steps}) <= the decay's start decay_steps · (1 - decay_fraction) < "
+            f"decay_steps, got {decay_steps}, {decay_fraction}"
+        )
+    if shape not in DECAY_SHAPES:
+        raise errors.ConfigError(f"decay_shape: expected one of {DECAY_SHAPES}, got {shape!r}")
+
+    def schedule(count):
+        s = paper_step(count)
+        return wsd_lr(s, peak, warmup_steps, decay_steps, decay_fraction, end_fraction, shape)
 
     return schedule
