@@ -4,6 +4,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
+from tfjax.models import mup
 from tfjax.models.config import ModelConfig
 from tfjax.nn import layers, linear
 
@@ -47,12 +48,20 @@ class OutputMixin:
         cfg = self.config
         if cfg.rescale_output:  # T5 v1.0: tied to unscaled embeddings (Mesh TensorFlow)
             x = x * jnp.asarray(cfg.embed_dim**-0.5, x.dtype)
+        x = readout_input(cfg, x)
         if not cfg.tie_output:
             return self.logits_dense(x)
         if cfg.positional_combine == "concat":
             x = self.logits_proj(x)
         logits = self.embed.attend(x)
         return logits + self.logits_bias.astype(logits.dtype) if cfg.has_output_bias else logits
+
+
+def readout_input(cfg: ModelConfig, x: Array) -> Array:
+    """The readout's input times μP's multiplier base_width / embed_dim (`tfjax.models.mup`);
+    `x` itself under the standard parametrization or at base_width."""
+    multiplier = mup.readout_multiplier(cfg)
+    return x if multiplier == 1.0 else x * jnp.asarray(multiplier, x.dtype)
 
 
 def make_logits_dense(cfg: ModelConfig) -> nn.Dense:
@@ -76,6 +85,7 @@ def make_embed(cfg: ModelConfig) -> layers.Embed:
         cfg.vocab_size,
         cfg.token_width,
         scale_by_sqrt_dim=cfg.scale_embeddings,
+        base_features=mup.embed_base_features(cfg),
         dtype=cfg.compute_dtype,
         param_dtype=cfg.params_dtype,
     )

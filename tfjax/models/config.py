@@ -20,6 +20,7 @@ POSITIONALS = ("sinusoidal", "learned", "relative", "rotary", "alibi", "none")
 ENCODER_HEADS = ("classify", "mlm")
 OUTPUT_BIASES = ("auto", "on", "off")
 DTYPES = ("float32", "bfloat16", "float16")
+PARAMETRIZATIONS = ("standard", "mup")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,10 @@ class ModelConfig:
     compile time independent of depth; `stacking.stack_layers` converts parameter trees);
     `remat` names the rematerialisation policy of every layer (`stacking.REMAT_POLICIES`).
     Neither changes the numbers the model computes.
+    `parametrization="mup"` is the Maximal Update Parametrization for a model `embed_dim` wide
+    whose learning rates were tuned at `base_width` (`tfjax.models.mup`: readout, attention and
+    token-table multipliers; `tfjax.training.mup`: the hidden matrices' Adam learning rates);
+    at embed_dim == base_width it is the standard model. `base_width` is unused otherwise.
 
     Options pretrained checkpoints need (`tfjax.pretrained`), each off by default:
     `num_token_types` > 0 adds a learned table of token types (segments A/B, BERT §3.2; type 0
@@ -108,12 +113,15 @@ class ModelConfig:
     param_dtype: str = "float32"
     scan_layers: bool = False
     remat: str = "none"
+    parametrization: str = "standard"
+    base_width: int = 0
 
     def __post_init__(self):
         _check_choices(self)
         _check_sizes(self)
         _check_cudnn(self)
         _check_fused_residual(self)
+        _check_mup(self)
 
     @property
     def compute_dtype(self) -> jnp.dtype:
@@ -159,6 +167,7 @@ _CHOICES = {
     "dtype": DTYPES,
     "param_dtype": DTYPES,
     "remat": stacking.REMAT_POLICIES,
+    "parametrization": PARAMETRIZATIONS,
 }
 
 
@@ -194,6 +203,18 @@ def _check_fused_residual(cfg: ModelConfig) -> None:
     if cfg.norm != "layernorm":
         problems.append(f"norm={cfg.norm!r} (it fuses LayerNorm)")
     _refuse("residual_impl='pallas'", problems, "residual_impl='xla'")
+
+
+def _check_mup(cfg: ModelConfig) -> None:
+    """parametrization="mup" needs the proxy's width and a dot-product score."""
+    if cfg.parametrization != "mup":
+        return
+    problems = []
+    if not (isinstance(cfg.base_width, numbers.Integral) and cfg.base_width > 0):
+        problems.append(f"base_width={cfg.base_width!r} (set the tuned proxy's embed_dim)")
+    if cfg.score not in ("scaled_dot", "dot"):
+        problems.append(f"score={cfg.score!r} (μP scales the dot scores' logits)")
+    _refuse("parametrization='mup'", problems, "parametrization='standard'")
 
 
 def _refuse(option: str, problems: list[str], instead: str) -> None:

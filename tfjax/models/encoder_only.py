@@ -63,8 +63,10 @@ class EncoderOnly(nn.Module):
         )  # [B, S, D]
         if self.config.encoder_head == "classify":
             pooled = jnp.tanh(self.pooler(x[:, 0]))  # [B, D]
-            return self.classifier(self.head_dropout(pooled, deterministic=deterministic))
+            pooled = self.head_dropout(pooled, deterministic=deterministic)
+            return self.classifier(common.readout_input(self.config, pooled))
         x = self.mlm_norm(nn.gelu(self.mlm_dense(x), approximate=False))  # [B, S, E]
+        x = common.readout_input(self.config, x)
         if not self.config.tie_output:
             return self.logits_dense(x)
         logits = self.embed.attend(x)  # [B, S, V]

@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from tfjax.models import mup
 from tfjax.models.config import ModelConfig
 from tfjax.nn import attention, layers, masking, norms, positional, stacking
 
@@ -111,6 +112,7 @@ def _attention(
         use_bias=cfg.use_bias,
         implementation=cfg.attention_impl,
         cross=not self_attention,
+        query_scale=mup.query_multiplier(cfg),
         dtype=cfg.compute_dtype,
         param_dtype=cfg.params_dtype,
         name=name,

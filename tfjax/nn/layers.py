@@ -101,16 +101,19 @@ class Embed(nn.Module):
       vocab_size: V.
       features: E.
       scale_by_sqrt_dim: multiply looked-up embeddings by sqrt(E) (Vaswani §3.4).
+      base_features: the width W the init std W^-0.5 and the sqrt(W) scale use in place of E
+        (μP keeps them at the proxy's width: `tfjax.models.mup`); 0 = E.
     """
 
     vocab_size: int
     features: int
     scale_by_sqrt_dim: bool = True
+    base_features: float = 0
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
     def setup(self):
-        init = nn.initializers.normal(stddev=self.features**-0.5)
+        init = nn.initializers.normal(stddev=self._width**-0.5)
         self.embedding = self.param(
             "embedding", init, (self.vocab_size, self.features), self.param_dtype
         )
@@ -121,9 +124,11 @@ class Embed(nn.Module):
         # table split along E into a batch-split result); a no-op outside `parallel.rules`.
         table = nn.with_logical_constraint(self.embedding, ("vocab", "embed"))
         x = jnp.take(jnp.asarray(table, self.dtype), tokens, axis=0)
-        return (
-            x * jnp.sqrt(jnp.asarray(self.features, self.dtype)) if (self.scale_by_sqrt_dim) else x
-        )
+        return x * jnp.sqrt(jnp.asarray(self._width, self.dtype)) if (self.scale_by_sqrt_dim) else x
+
+    @property
+    def _width(self) -> float | int:
+        return self.base_features or self.features
 
     def attend(self, x: Float[Array, "B L E"]) -> Float[Array, "B L V"]:
         """Tied pre-softmax projection: logits [B, L, V] = x · embedding^T."""

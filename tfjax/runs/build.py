@@ -25,7 +25,7 @@ from tfjax.inference import decoding
 from tfjax.models import kinds, partitioning
 from tfjax.parallel import distributed, strategies
 from tfjax.runs import provenance, workdir_format
-from tfjax.training import mlm, optim, steps
+from tfjax.training import mlm, mup, optim, steps
 
 # The model's parameters: a nested dict of arrays (or `jax.ShapeDtypeStruct`s).
 Params = Any
@@ -177,7 +177,8 @@ def make_optimizer(
     config: ml_collections.ConfigDict, model_config: models.ModelConfig
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """(optimizer, schedule) of `config.optim` (`tfjax.training.optim.make_optimizer`)."""
-    return optim.make_optimizer(optim_config(config), model_config.embed_dim)
+    multipliers = mup.lr_multipliers(model_config, config.optim.optimizer)  # μP's; None: none
+    return optim.make_optimizer(optim_config(config), model_config.embed_dim, multipliers)
 
 
 def make_strategy(

@@ -24,7 +24,7 @@ from tfjax import errors
 from tfjax.data import datasets
 from tfjax.nn import losses
 from tfjax.runs import build, evaluator, workdir_format
-from tfjax.training import checkpointing, optim, steps, vectorized
+from tfjax.training import checkpointing, mup, optim, steps, vectorized
 
 CHECKPOINTS = "checkpoints"
 
@@ -183,7 +183,8 @@ def abstract_state(run: build.Evaluable, structure: optim.TracedStructure, num_t
     `init(rngs [T]) -> train state` (built from `run`: one trial's model and data)."""
     sample = jax.tree.map(lambda x: jnp.zeros((1, *x.shape), x.dtype), run.examples.train[0])
     hyper = optim.traced_hyper(build.optim_config(run.config), structure)
-    optimizer, _ = optim.traced_optimizer(hyper, structure, run.model_config.embed_dim)
+    multipliers = mup.lr_multipliers(run.model_config, structure.optimizer or "adam")
+    optimizer, _ = optim.traced_optimizer(hyper, structure, run.model_config.embed_dim, multipliers)
     kind = run.model_config.kind
     init = jax.vmap(lambda rng: steps.create_train_state(run.model, optimizer, rng, sample, kind))
     rngs = jax.ShapeDtypeStruct((num_trials,), jax.random.key(0).dtype)

@@ -16,6 +16,7 @@ that differ per trial of a vectorised sweep (`traced_structure`, `traced_hyper`)
 
 import dataclasses
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from tfjax import errors
-from tfjax.training import muon, optax_by_name, schedules
+from tfjax.training import muon, mup, optax_by_name, schedules
 
 # tfjax's own optimizers; any other `optimizer` is optax's of that name (`optax_by_name`).
 RECIPES = ("adam", "adamw", "muon")
@@ -210,7 +211,7 @@ def make_schedule(config: OptimConfig, d_model: int) -> optax.Schedule:
 
 
 def make_optimizer(
-    config: OptimConfig, d_model: int
+    config: OptimConfig, d_model: int, lr_multipliers: Callable | None = None
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Builds clip → the optimizer with the schedule, optionally under gradient accumulation.
 
@@ -226,6 +227,8 @@ def make_optimizer(
     Args:
         config: the optimizer settings.
         d_model: model width D, for the "paper" schedule.
+        lr_multipliers: μP's `params -> per-leaf multipliers` of the update
+            (`tfjax.training.mup.lr_multipliers`), applied last; None: none.
 
     Returns:
         (optimizer, schedule).
@@ -245,7 +248,7 @@ def make_optimizer(
             weight_decay=config.weight_decay,
             mask=decay_mask if config.weight_decay_params == "matrices" else None,
         )
-        return _chain(core, clip, config.grad_accum_steps), schedule
+        return _chain(core, clip, config.grad_accum_steps, lr_multipliers), schedule
     hyper = {"b1": config.b1, "b2": config.b2, "eps": config.eps}
     decays = config.optimizer == "adamw" or (config.optimizer == "muon" and config.weight_decay > 0)
     hyper["weight_decay"] = config.weight_decay if decays else None
@@ -256,7 +259,8 @@ def make_optimizer(
             "schedule": lambda count: ratio * schedule(count),
             "momentum": config.muon_momentum,
         }
-    return _chain(_recipe(schedule, hyper), clip, config.grad_accum_steps), schedule
+    chain = _chain(_recipe(schedule, hyper), clip, config.grad_accum_steps, lr_multipliers)
+    return chain, schedule
 
 
 def _not_muon(params):
@@ -286,11 +290,13 @@ def _recipe(schedule: optax.Schedule, hyper: dict) -> optax.GradientTransformati
 
 
 def _chain(
-    core: optax.GradientTransformation, clip_norm, grad_accum_steps: int
+    core: optax.GradientTransformation, clip_norm, grad_accum_steps: int, lr_multipliers=None
 ) -> optax.GradientTransformation:
-    """clip (unless `clip_norm` is None) → `core`, under `optax.MultiSteps` when
-    grad_accum_steps > 1."""
+    """clip (unless `clip_norm` is None) → `core` → μP's per-leaf multipliers (unless
+    `lr_multipliers` is None), under `optax.MultiSteps` when grad_accum_steps > 1."""
     parts = [] if clip_norm is None else [optax.clip_by_global_norm(clip_norm)]
+    if lr_multipliers is not None:
+        core = optax.chain(core, mup.scale_by_multipliers(lr_multipliers))
     optimizer = optax.chain(*parts, core)
     if grad_accum_steps > 1:
         multi = optax.MultiSteps(optimizer, every_k_schedule=grad_accum_steps)
@@ -420,13 +426,17 @@ def traced_hyper(config: OptimConfig, structure: TracedStructure) -> dict[str, j
 
 
 def traced_optimizer(
-    hyper: dict[str, jax.Array], structure: TracedStructure, d_model: int
+    hyper: dict[str, jax.Array],
+    structure: TracedStructure,
+    d_model: int,
+    lr_multipliers: Callable | None = None,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """`make_optimizer` with the hyperparameters as (traced) scalars, for `jax.vmap` over trials.
 
     Every trial's optimizer state has the same structure (`structure`); the update of each
     trial equals that of `make_optimizer(its config)` up to float rounding: an Adam trial's
     zero weight decay adds 0 · param, an unclipped trial clips at an infinite norm.
+    `lr_multipliers` (μP's, shared by the trials) as in `make_optimizer`.
     """
     formulas = {
         "paper": lambda s: schedules.paper_lr(
@@ -464,8 +474,9 @@ def traced_optimizer(
         core = optax_by_name.build(
             structure.optimizer, schedule, kwargs, weight_decay=hyper["weight_decay"], mask=mask
         )
-        return _chain(core, clip, structure.grad_accum_steps), schedule
+        return _chain(core, clip, structure.grad_accum_steps, lr_multipliers), schedule
     adam = {k: hyper[k] for k in ("b1", "b2", "eps")}
     adam["weight_decay"] = hyper["weight_decay"] if structure.adamw else None
     adam["decay_mask"] = mask
-    return _chain(_recipe(schedule, adam), clip, structure.grad_accum_steps), schedule
+    chain = _chain(_recipe(schedule, adam), clip, structure.grad_accum_steps, lr_multipliers)
+    return chain, schedule

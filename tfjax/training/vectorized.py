@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from tfjax import models
-from tfjax.training import optim, steps
+from tfjax.training import mup, optim, steps
 
 
 @flax.struct.dataclass
@@ -86,8 +86,10 @@ def make_vectorized_train_step(
         The pure step; metrics are those of `steps.make_train_step`, each [T], plus `live`.
     """
 
+    multipliers = mup.lr_multipliers(model.config, structure.optimizer or "adam")  # μP's
+
     def one_trial(state, batch, rng, hyper, live):
-        optimizer, schedule = optim.traced_optimizer(hyper, structure, d_model)
+        optimizer, schedule = optim.traced_optimizer(hyper, structure, d_model, multipliers)
         trial_model = model
         if traced_dropout is not None:
             rates = {k: hyper[k] for k in ("dropout_rate", "attention_dropout_rate")}

@@ -78,6 +78,7 @@ class MultiHeadAttention(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     kernel_init: nn.initializers.Initializer = nn.initializers.xavier_uniform()
+    query_scale: float = 1.0
 
     def _projections(self) -> projections.Projections:
         return projections.Projections(
@@ -183,6 +184,8 @@ class MultiHeadAttention(nn.Module):
             q, k = self._rope(
                 q, k, q_positions, kv_positions, self_attention=self_attention, decode=decode
             )
+        if self.query_scale != 1.0:  # μP's logits ∝ 1/head_dim (`tfjax.models.mup`)
+            q = q * jnp.asarray(self.query_scale, q.dtype)
         if decode and not self.cross:
             k, v = cache.self_attention_kv(self, k, v)  # [B, K, max_len, H]
         restrict = (mask, bias) if window is None else window
