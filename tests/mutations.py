@@ -1415,6 +1415,28 @@ MUTATIONS = [
         'cls = {"decoder_only": Generator}.get(config.model.kind, Trained)',
         "tests/test_model_kinds.py::test_a_kind_registered_here_trains_evaluates_and_generates",
     ),
+    # --- μP (tfjax/models/mup.py, tfjax/training/mup.py): the coordinate check ---------------
+    M(
+        "mup-lr-multiplier-dropped",
+        "tfjax/training/mup.py",
+        "return jax.tree.map(lambda hidden: ratio if hidden else 1.0, hidden_matrices(params))",
+        "return jax.tree.map(lambda hidden: 1.0, hidden_matrices(params))",
+        "tests/test_coord_check.py::test_coordinate_check_two_widths",
+    ),
+    M(
+        "mup-readout-multiplier-dropped",
+        "tfjax/models/common.py",
+        "    return x if multiplier == 1.0 else x * jnp.asarray(multiplier, x.dtype)",
+        "    return x",
+        "tests/test_coord_check.py::test_coordinate_check_two_widths",
+    ),
+    M(
+        "mup-attention-one-over-d-dropped",
+        "tfjax/models/mup.py",
+        '    return math.sqrt(ratio) if cfg.score == "scaled_dot" else ratio',
+        "    return 1.0",
+        "tests/test_coord_check.py::test_attention_logits_scale_as_one_over_head_dim",
+    ),
 ]
 
 

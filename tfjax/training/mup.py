@@ -12,7 +12,9 @@ How it composes (docs/sweeps.md, "Tune small, train large"):
 - The multipliers scale each leaf's whole update after the optimizer (`scale_by_multipliers`,
   last in the chain), which for Adam is η / m on that leaf exactly.
 - AdamW's decoupled decay sits inside that update (optax: -η · (adam + wd · w)), so a hidden
-  matrix decays by η · wd / m per step (the `mup` package's `decoupled_wd=True`).
+  matrix decays by η · wd / m per step. The `mup` package (1.0.0) multiplies such a group's
+  weight decay by m instead, keeping η · wd per step width-independent; raise
+  `optim.weight_decay` by m for that behaviour.
 - Gradient clipping acts before, on the raw gradients' global norm; Adam's update does not
   depend on the gradient's scale, so clipping changes the multipliers' effect only through
   the moments' mixing of clipped and unclipped steps.
