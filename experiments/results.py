@@ -176,6 +176,22 @@ ROWS = {
         digits=3,
         sweep=("--sweep=pbt_lr", "--config.sweep.pbt.interval=0"),
     ),
+    # docs/results.md, "Tune small, train large": width 256 trained at the learning rate the
+    # width-64 proxy's sweep chose, under μP and under the standard parametrization.
+    "mup_transfer_w256_mup": Row(
+        "configs/mup_transfer.py:w256_mup",
+        "Tiny Shakespeare characters, val; width 256, μP, the width-64 proxy's LR",
+        "loss",
+        "val loss (nats/char)",
+        digits=3,
+    ),
+    "mup_transfer_w256_standard": Row(
+        "configs/mup_transfer.py:w256_standard",
+        "Tiny Shakespeare characters, val; width 256, standard, the width-64 proxy's LR",
+        "loss",
+        "val loss (nats/char)",
+        digits=3,
+    ),
 }
 
 
