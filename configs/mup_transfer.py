@@ -29,6 +29,7 @@ Presets (`--config=configs/mup_transfer.py:NAME`):
 Sweeps (`--sweep=NAME --vectorize`):
   transfer   7 learning rates (10^-3.33 to 10^-1.33, 3 a decade) × seeds 0-2 × widths 64, 128,
              256, 512 × parametrization standard, mup (168 trials, 8 programs).
+  transfer_512  `transfer`'s width 512 alone (42 trials, 2 programs).
   proxy_lr   7 learning rates × seeds 0-2 at width 64 (the proxy sweep alone).
 """
 
@@ -76,6 +77,18 @@ SWEEPS = {
             "seed": seed,
         }
         for width in WIDTHS
+        for parametrization in ("standard", "mup")
+        for lr in LEARNING_RATES
+        for seed in SEEDS
+    ],
+    # `transfer`'s width 512 alone (its two programs), as the results page ran it.
+    "transfer_512": [
+        {
+            "model.parametrization": parametrization,
+            **_width(512),
+            "optim.learning_rate": lr,
+            "seed": seed,
+        }
         for parametrization in ("standard", "mup")
         for lr in LEARNING_RATES
         for seed in SEEDS

@@ -1,11 +1,12 @@
 """The learning-rate transfer of a width × parametrization × learning-rate × seed sweep.
 
-    python -m experiments.transfer --sweep_dir=runs/sweeps/transfer \
+    python -m experiments.transfer --sweep_dir=runs/sweeps/transfer[,runs/sweeps/OTHER] \
         [--out=experiments/figures/mup_transfer.png]
 
-Reads each trial's `config.json` (`model.parametrization`, `model.embed_dim`,
-`optim.learning_rate`, `seed`) and the loss of its last `final_eval` record in `metrics.jsonl`
-(a trial without one, or with a non-finite loss, diverged: it counts as infinite), and prints
+Reads, in every sweep directory given, each trial's `config.json` (`model.parametrization`,
+`model.embed_dim`, `optim.learning_rate`, `seed`) and the loss of its last `final_eval` record in
+`metrics.jsonl` (a trial without one, or with a non-finite loss, diverged: it counts as
+infinite), and prints
 Markdown: for each parametrization and width, the best learning rate (the lowest mean loss over
 the seeds) with the spread of the seeds' own best learning rates, and the loss there
 (mean ± sample std); then, per parametrization, the widest model's loss at the learning rate
@@ -36,10 +37,12 @@ def _final_loss(workdir: pathlib.Path) -> float:
     return loss if math.isfinite(loss) else math.inf
 
 
-def collect(sweep_dir: pathlib.Path) -> dict:
-    """{parametrization: {width: {lr: {seed: final eval loss}}}} of the trials in `sweep_dir`."""
+def collect(*sweep_dirs: pathlib.Path) -> dict:
+    """{parametrization: {width: {lr: {seed: final eval loss}}}} of the trials in `sweep_dirs`
+    (a trial's workdir without a config.json never started: left out)."""
     table: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
-    for config_file in sorted(sweep_dir.glob("*/config.json")):
+    files = [f for d in sweep_dirs for f in sorted(d.glob("*/config.json"))]
+    for config_file in files:
         if config_file.parent.name.startswith("_"):  # the groups' own workdirs
             continue
         config = json.loads(config_file.read_text())
@@ -143,13 +146,13 @@ def draw(result: dict, path: pathlib.Path) -> pathlib.Path:
 
 def main(argv):
     del argv
-    result = analyse(collect(pathlib.Path(FLAGS.sweep_dir)))
+    result = analyse(collect(*(pathlib.Path(d) for d in FLAGS.sweep_dir)))
     print(markdown(result), end="")
     if FLAGS.out:
         print(draw(result, pathlib.Path(FLAGS.out)))
 
 
 if __name__ == "__main__":
-    flags.DEFINE_string("sweep_dir", None, "The sweep's directory, ROOT/SWEEP.", required=True)
+    flags.DEFINE_list("sweep_dir", None, "The sweeps' directories, ROOT/SWEEP.", required=True)
     flags.DEFINE_string("out", "", "Where to write the picture (PNG); empty: no picture.")
     cli.main(main)
