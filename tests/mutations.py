@@ -1431,6 +1431,13 @@ MUTATIONS = [
         "tests/test_coord_check.py::test_coordinate_check_two_widths",
     ),
     M(
+        "mup-vectorised-multipliers-dropped",
+        "tfjax/training/vectorized.py",
+        "optim.traced_optimizer(hyper, structure, d_model, multipliers)",
+        "optim.traced_optimizer(hyper, structure, d_model)",
+        "tests/test_mup.py::test_vectorised_trials_apply_the_multipliers",
+    ),
+    M(
         "mup-attention-one-over-d-dropped",
         "tfjax/models/mup.py",
         '    return math.sqrt(ratio) if cfg.score == "scaled_dot" else ratio',

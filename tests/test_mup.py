@@ -102,3 +102,59 @@ def test_the_multipliers_scale_adams_update_per_leaf():
 def test_mup_config_checks(fields, mentions):
     with pytest.raises(errors.ConfigError, match=mentions):
         config(**fields)
+
+
+@pytest.mark.slow  # ~4 s on a quiet CPU: two programs and a vmapped one
+def test_vectorised_trials_apply_the_multipliers():
+    """Two μP trials (LRs 1e-2 and 3e-2) at 2x the base width in one vmapped step each end
+    where `make_optimizer` with the multipliers takes them alone, and not where it takes them
+    without (the hidden matrices' updates halved)."""
+    from mup_runs import batch
+
+    from tfjax import models
+    from tfjax.training import steps, vectorized
+
+    cfg = config(
+        kind="decoder_only", embed_dim=32, mlp_dim=64, parametrization="mup", base_width=16
+    )
+    # No biases: the key projection's gets gradients of pure rounding noise (softmax ignores
+    # it), which Adam scales up differently in the two programs.
+    cfg = replace(cfg, use_bias=False)
+    model, data = models.create_model(cfg), batch("decoder_only")
+    configs = [
+        optim.OptimConfig(schedule="constant", learning_rate=lr, warmup_steps=0)
+        for lr in (1e-2, 3e-2)
+    ]
+    rng = jax.random.key(1)
+    init = steps.create_train_state(
+        model, optim.make_optimizer(configs[0], 32)[0], rng, data, "decoder_only"
+    )
+
+    def alone(trial, multipliers):
+        optimizer, schedule = optim.make_optimizer(trial, 32, multipliers)
+        state = init.replace(opt_state=optimizer.init(init.params))
+        step = steps.make_train_step(
+            model, optimizer, schedule, kind="decoder_only", label_smoothing=0.0
+        )
+        return jax.jit(step)(state, data, rng)[0].params
+
+    structure = optim.traced_structure(configs)
+    hyper = jax.tree.map(
+        lambda *x: jax.numpy.stack(x), *[optim.traced_hyper(c, structure) for c in configs]
+    )
+    vstep = vectorized.make_vectorized_train_step(
+        model, structure, d_model=32, kind="decoder_only", label_smoothing=0.0, shared_batch=True
+    )
+    traced, _ = optim.traced_optimizer(
+        vectorized.unstack(hyper, 0), structure, 32, mup.lr_multipliers(cfg)
+    )
+    start = init.replace(opt_state=traced.init(init.params))
+    state = vectorized.SweepState(train=vectorized.stack([start, start]), live=np.ones(2, bool))
+    new, _ = jax.jit(vstep)(state, data, jax.numpy.stack([rng, rng]), hyper)
+    for i, trial in enumerate(configs):
+        got = vectorized.unstack(new.train.params, i)
+        want = alone(trial, mup.lr_multipliers(cfg))
+        jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), got, want)
+    plain = alone(configs[0], None)["decoder"]["layer_0"]["mlp"]["wi"]["kernel"]
+    got = vectorized.unstack(new.train.params, 0)["decoder"]["layer_0"]["mlp"]["wi"]["kernel"]
+    assert np.abs(np.asarray(got) - np.asarray(plain)).max() > 1e-3
