@@ -9,7 +9,7 @@ from mup_runs import config, replace, train
 
 from tfjax import errors
 from tfjax.models import mup as model_mup
-from tfjax.runs import build
+from tfjax.runs import validation
 from tfjax.training import mup, optim
 
 
@@ -39,7 +39,7 @@ def test_mup_at_base_width_trains_exactly_like_the_standard_model_every_kind(fie
 
 
 def _multipliers(cfg, optimizer="adam"):
-    params = build.abstract_params(cfg)
+    params = validation.abstract_params(cfg)
     fn = mup.lr_multipliers(cfg, optimizer)
     flat = jax.tree_util.tree_flatten_with_path(fn(params) if fn else params)[0]
     return {"/".join(str(getattr(k, "key", k)) for k in path): v for path, v in flat}

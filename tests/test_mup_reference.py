@@ -13,7 +13,7 @@ from mup_runs import config
 
 from tfjax import models
 from tfjax.models import mup as model_mup
-from tfjax.runs import build
+from tfjax.runs import validation
 from tfjax.training import mup as train_mup
 
 torch = pytest.importorskip("torch", reason="the parity extra: pip install 'tfjax[parity]'")
@@ -84,7 +84,7 @@ def test_the_learning_rate_multipliers_are_the_mup_packages():
         by_name = dict(reference.named_parameters())
         cfg = _cfg(width)
         fn = train_mup.lr_multipliers(cfg)
-        params = build.abstract_params(cfg)
+        params = validation.abstract_params(cfg)
         ours = _paths(fn(params)) if fn else {k: 1.0 for k in _paths(params)}
         for path, name in NAMES.items():
             assert ours[path] == pytest.approx(theirs[id(by_name[name])]), (width, path)

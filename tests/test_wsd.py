@@ -96,7 +96,7 @@ def test_a_decay_branches_off_a_stable_phase_checkpoint(tmp_path):
     import shutil
 
     from experiments import config_utils
-    from tfjax.runs import build, trainer
+    from tfjax.runs import trainer, workdir_format
     from tfjax.training import logger
 
     trunk, branch = tmp_path / "wsd", tmp_path / "wsd_6"
@@ -109,7 +109,7 @@ def test_a_decay_branches_off_a_stable_phase_checkpoint(tmp_path):
     for name in ("config.json", "tokenizer.json"):
         shutil.copy(trunk / name, branch / name)
     shutil.copytree(trunk / "checkpoints" / "4", branch / "checkpoints" / "4")
-    config = build.load_config_json(branch / "config.json").unlock()
+    config = workdir_format.load_config_json(branch / "config.json").unlock()
     config.train.num_train_steps, config.optim.decay_steps = 6, 6
     config.optim.decay_fraction = 1 / 3
     trainer.train_and_evaluate(config, branch)
