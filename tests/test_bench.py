@@ -178,6 +178,7 @@ def test_flax_train_step_loss_is_finite_and_decreases():
     assert np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.5, losses
 
 
+@pytest.mark.slow  # 3-5 s; benchmark plumbing, not the library
 def test_flax_peer_cached_greedy_is_uncached_greedy():
     data = workload.random_batch(TINY["batch"], TINY)
     model = flax_peer.build_model(TINY)
@@ -217,6 +218,7 @@ def _perturbed_peer(shape: dict, data: dict):
     )
 
 
+@pytest.mark.slow  # 3-5 s; benchmark plumbing, not the library
 def test_flax_peer_beam_search_is_exact_when_the_beams_hold_every_prefix():
     """Vocabulary 4, 3 tokens, 16 beams = every 2-token prefix: the last step scores all 64
     sequences, so the beams must be the 16 best of a brute-force enumeration, scored by the
@@ -381,6 +383,7 @@ def test_peak_rss_reads_vm_hwm_in_bytes_and_falls_back_without_proc(tmp_path):
     assert environment.peak_rss_bytes(tmp_path / "absent") > 10 * 2**20  # ru_maxrss, in bytes
 
 
+@pytest.mark.slow  # 3-5 s; benchmark plumbing, not the library
 def test_a_child_process_reports_its_own_peak_rss_not_its_parents():
     # ru_maxrss would give the child this process's peak (vfork + exec carries it over), and
     # alone()'s two sides would then read the same number whenever the parent is larger.
@@ -458,6 +461,7 @@ def test_residual_bench_times_both_implementations_of_the_same_step():
         assert 0 < out[side]["min"] <= out[side]["median"] <= out[side]["max"]
 
 
+@pytest.mark.slow  # 3-5 s; benchmark plumbing, not the library
 def test_train_bench_builds_the_model_with_the_fused_residual():
     data = workload.random_batch(TINY["batch"], TINY)
     model = workload.create_model("float32", TINY, residual_impl="pallas")

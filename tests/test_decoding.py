@@ -188,7 +188,13 @@ GROWTH_VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", GROWTH_VARIANTS)
+@pytest.mark.parametrize(
+    "variant",
+    [
+        pytest.param(v, marks=pytest.mark.slow) if v in ("rotary", "relative", "alibi") else v
+        for v in GROWTH_VARIANTS
+    ],  # those three grow as sinusoidal does; cached == uncached keeps them default
+)
 def test_a_cache_grown_while_decoding_gives_the_full_recompute_logits(variant):
     # Slots 2, then 3, then 7: the positions after each growth read the written slots where
     # they were, and the masks and position biases follow the cache's new length.
@@ -322,7 +328,7 @@ def _oracle_reference(model, params, eos, lengths, max_length=8):
     return buf
 
 
-@pytest.mark.parametrize("lengths", [("own", 6), (5, 2)])
+@pytest.mark.parametrize("lengths", [pytest.param(("own", 6), marks=pytest.mark.slow), (5, 2)])
 def test_oracle_lengths_put_eos_exactly_there_and_nowhere_before(lengths):
     model, params = _model()
     raw, eos = _greedy_reference()

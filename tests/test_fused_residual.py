@@ -186,6 +186,7 @@ def test_models_match_the_xla_path_without_dropout(kind):
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, atol=5e-5), got, want)
 
 
+@pytest.mark.slow  # through a model, like the test above; the kernel's dropout tests stay default
 def test_model_dropout_is_applied_and_reproducible():
     model = models.create_model(models.ModelConfig(residual_impl="pallas", **_TINY))
     inputs, targets = _batch()

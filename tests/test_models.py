@@ -87,28 +87,33 @@ def test_config_is_frozen():
         _tiny().embed_dim = 8
 
 
+def _slow(overrides: dict):
+    """A variant run only in the slow tier (its feature has its own default-tier tests)."""
+    return pytest.param(overrides, marks=pytest.mark.slow)
+
+
 VARIANTS = [
     dict(),
     dict(positional="learned"),
     dict(positional="relative"),
     dict(positional="rotary"),
     dict(positional="alibi"),
-    dict(positional="none"),
+    _slow(dict(positional="none")),
     dict(positional="sinusoidal", positional_combine="concat", positional_dim=4),
-    dict(positional="learned", positional_combine="concat", positional_dim=6),
-    dict(sinusoidal_layout="halves", sinusoidal_base=500.0),
+    _slow(dict(positional="learned", positional_combine="concat", positional_dim=6)),
+    _slow(dict(sinusoidal_layout="halves", sinusoidal_base=500.0)),
     dict(norm="rmsnorm", norm_position="pre", activation="swiglu", use_bias=False),
     dict(activation="gelu", norm_position="pre"),
     dict(score="dot"),
     dict(score="general"),
     dict(score="additive"),
     dict(num_kv_heads=1),
-    dict(num_kv_heads=2, fused_qkv=False),
-    dict(value_rank=3),
-    dict(window_radius=1),
-    dict(share_embeddings=False, tie_output=False),
-    dict(output_bias="on", embedding_norm=True, activation="gelu_tanh"),
-    dict(tie_output=False, output_bias="off", activation="geglu_tanh"),
+    _slow(dict(num_kv_heads=2, fused_qkv=False)),
+    _slow(dict(value_rank=3)),
+    _slow(dict(window_radius=1)),
+    _slow(dict(share_embeddings=False, tie_output=False)),
+    _slow(dict(output_bias="on", embedding_norm=True, activation="gelu_tanh")),
+    _slow(dict(tie_output=False, output_bias="off", activation="geglu_tanh")),
 ]
 
 
@@ -151,7 +156,10 @@ def test_encode_decode_methods_compose_to_call():
     )
 
 
-@pytest.mark.parametrize("positional", ["sinusoidal", "rotary", "relative", "alibi"])
+@pytest.mark.parametrize(
+    "positional",
+    [pytest.param("sinusoidal", marks=pytest.mark.slow), "rotary", "relative", "alibi"],
+)
 def test_decoder_only_packed_rows_equal_separate_rows(positional):
     cfg = _tiny(kind="decoder_only", positional=positional)
     a, b = jnp.array([[5, 6, 7]]), jnp.array([[8, 9, 10, 2]])

@@ -130,7 +130,10 @@ def test_train_step_without_eos_follows_the_gradient_of_the_other_positions():
     assert float(metrics["weight_sum"]) == 7
 
 
-@pytest.mark.parametrize("predict_eos", [True, False])
+@pytest.mark.parametrize(
+    "predict_eos",
+    [pytest.param(True, marks=pytest.mark.slow), False],  # True: the usual step
+)
 def test_the_configs_train_step_scores_eos_as_train_predict_eos_says(predict_eos):
     config = config_utils.load_config(
         "configs/base.py:tiny", [*REVERSE, f"train.predict_eos={predict_eos}"]

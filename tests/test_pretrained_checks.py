@@ -68,6 +68,7 @@ def _with_vocab_size(directory: pathlib.Path, target: pathlib.Path, rows: int) -
 # The tokenizer must be the model's.
 
 
+@pytest.mark.slow  # 4.5 s; the refusal's code runs in the default tier for the other families
 def test_a_t5_without_its_tokenizer_files_is_refused_by_convert_in_one_line(t5_dir, tmp_path):
     """transformers makes up a 104-id T5 tokenizer from config.json alone; the model has 63."""
     bare = _model_only(t5_dir, tmp_path / "bare")

@@ -138,6 +138,7 @@ def test_a_scanned_stack_draws_each_layers_initial_weights_apart():
     assert not np.allclose(kernel[0], kernel[1]) and not np.allclose(kernel[1], kernel[2])
 
 
+@pytest.mark.slow  # 4 s; a checkpoint restoring into the other layout stays default
 def test_layout_round_trip_on_params_and_optimizer_state():
     _, _, params, stacked = _pair()
     assert stacked["encoder"]["layers"]["mlp"]["wi"]["kernel"].shape == (3, 16, 32)

@@ -52,6 +52,7 @@ def test_tiny_run_writes_config_metrics_and_checkpoints(spec, tmp_path):
     assert _restore(tmp_path).step == 4
 
 
+@pytest.mark.slow  # 8 s; resuming bit-exactly stays default in test_muon and test_disk_faults
 def test_resume_after_a_crash_between_saves_is_bit_exact(tmp_path, monkeypatch):
     # Reference: 6 uninterrupted steps.
     config = _config("configs/base.py:tiny", *REVERSE, "train.num_train_steps=6")
