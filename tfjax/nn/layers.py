@@ -108,7 +108,7 @@ class Embed(nn.Module):
     vocab_size: int
     features: int
     scale_by_sqrt_dim: bool = True
-    base_features: float = 0
+    base_features: float = 0.0
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
