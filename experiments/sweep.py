@@ -9,171 +9,47 @@ overrides (`optim.learning_rate=0.5, model.num_layers=2` -> `lr0.5-layers2`), wi
 
     python -m experiments.train --config=SPEC --workdir=ROOT/NAME/RUN --config.a.b=v ...
 
-(overrides given to the sweep itself first, then the run's own). Every override is checked
-against the config before anything starts. `--print` prints one shell-quoted command per line
-for a cluster launcher. Otherwise the runs go one after another in this process's Python; a
-failed run is recorded and the next one starts. After each run `ROOT/NAME/summary.csv` and
-`summary.md` are rewritten with one row per run (`experiments.sweep_summary`): its overrides,
-status, wall time, and the latest evaluation and train metrics from its `metrics.jsonl`. When
-runs differ in `seed`, `seeds.csv` and `seeds.md` merge those that differ only in it: each
-metric's mean ± sample standard deviation over the seeds and n (the seed tables of
-docs/results.md come from these). `summary.md` ends with "Is the sweep done?", which the sweep
-also prints at its end (`experiments.sweep_advice`): the best setting, every numeric swept key
-whose best value is at the edge of its range with the next range to try, and whether the best
-and the runner-up are separable (Welch's t-test, p < 0.05). `--plot` then draws loss curves
-and final metrics against each swept value next to them, seeds as error bars
-(`experiments.plot`, which needs the `viz` extra; checked before the first run starts). The
-exit status is 1 when a run failed, 2 (with one line `error: ...`) when the sweep itself cannot
-start (an unknown sweep, a bad override, another sweep running in `ROOT/NAME`: the sweep holds
-that directory's workdir lock, `tfjax.runs.lock`, and a second one writes nothing). Rerunning
-the same sweep resumes each run from its checkpoints. A SIGTERM means what it means to
-`experiments.train`: the run in progress (which gets the signal too) or the vectorised group
-saves and stops, no other run starts, the summary marks them "preempted", a warning says to
-rerun, and the status is 0.
+(overrides given to the sweep itself first, then the run's own; `experiments.sweep_runs` names and
+expands the runs). Every override is checked against the config before anything starts. `--print`
+prints one shell-quoted command per line for a cluster launcher. Otherwise the runs go one after
+another in this process's Python; a failed run is recorded and the next one starts. After each run
+`ROOT/NAME/summary.csv` and `summary.md` are rewritten with one row per run
+(`experiments.sweep_summary`): its overrides, status, wall time, and the latest evaluation and train
+metrics from its `metrics.jsonl`. When runs differ in `seed`, `seeds.csv` and `seeds.md` merge those
+that differ only in it: each metric's mean ± sample standard deviation over the seeds and n (the
+seed tables of docs/results.md come from these). `summary.md` ends with "Is the sweep done?", which
+the sweep also prints at its end (`experiments.sweep_advice`): the best setting, every numeric swept
+key whose best value is at the edge of its range with the next range to try, and whether the best
+and the runner-up are separable (Welch's t-test, p < 0.05). `--plot` then draws loss curves and
+final metrics against each swept value next to them, seeds as error bars (`experiments.plot`, which
+needs the `viz` extra; checked before the first run starts). The exit status is 1 when a run failed,
+2 (with one line `error: ...`) when the sweep itself cannot start (an unknown sweep, a bad override,
+another sweep running in `ROOT/NAME`: the sweep holds that directory's workdir lock,
+`tfjax.runs.lock`, and a second one writes nothing). Rerunning the same sweep resumes each run from
+its checkpoints. A SIGTERM means what it means to `experiments.train`: the run in progress (which
+gets the signal too) or the vectorised group saves and stops, no other run starts, the summary marks
+them "preempted", a warning says to rerun, and the status is 0.
 """
 
-import dataclasses
-import hashlib
 import logging
 import pathlib
-import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-import ml_collections
 from absl import flags
 
-from experiments import cli, config_utils, plot, sweep_summary
-from experiments.sweep_summary import PREEMPTED, format_value, summary_row, write_summary
+from experiments import cli, plot, sweep_summary
+from experiments.sweep_runs import Run, expand
+from experiments.sweep_summary import PREEMPTED, summary_row, write_summary
 from tfjax import errors
 
 FLAGS = flags.FLAGS
 DEFAULT_ROOT = "runs/sweeps"
 VECTORIZED_PREFIX = "_vectorized-"  # ROOT/SWEEP/_vectorized-K: group K's checkpoints
-TRAIN_MODULE = "experiments.train"
-# Short names for common fields in run names; other fields use their last key component.
-ABBREVIATIONS = {
-    "learning_rate": "lr",
-    "num_layers": "layers",
-    "num_encoder_layers": "enclayers",
-    "num_decoder_layers": "declayers",
-    "num_heads": "heads",
-    "num_kv_heads": "kvheads",
-    "embed_dim": "dim",
-    "mlp_dim": "mlp",
-    "dropout_rate": "dropout",
-    "warmup_steps": "warmup",
-    "global_batch_size": "bs",
-    "num_train_steps": "steps",
-    "weight_decay": "wd",
-    "label_smoothing": "ls",
-}
-_MAX_NAME_LEN = 100
-
-
-@dataclasses.dataclass
-class Run:
-    """One run of a sweep.
-
-    Attributes:
-        name: directory name of the run, unique within the sweep.
-        workdir: the run's workdir, `ROOT/SWEEP/name`.
-        overrides: the run's own dotted-key overrides, as returned by `get_sweep`.
-        command: argv of the training command (starting with "python").
-        config: the run's resolved config.
-    """
-
-    name: str
-    workdir: pathlib.Path
-    overrides: dict[str, object]
-    command: list[str]
-    config: ml_collections.ConfigDict | None = None
-
-
-def _sanitize(text: str) -> str:
-    text = re.sub(r"[^A-Za-z0-9._,=+-]+", "_", text)
-    if len(text) > _MAX_NAME_LEN:
-        digest = hashlib.sha1(text.encode()).hexdigest()[:8]
-        text = f"{text[: _MAX_NAME_LEN - 9]}-{digest}"
-    return text
-
-
-def _short_name(overrides: Mapping[str, object]) -> str:
-    parts = []
-    for key, value in overrides.items():
-        field = key.rsplit(".", 1)[-1]
-        parts.append(ABBREVIATIONS.get(field, field) + format_value(value))
-    return _sanitize("-".join(parts)) if parts else "default"
-
-
-def _long_name(overrides: Mapping[str, object]) -> str:
-    text = ",".join(f"{key}={format_value(value)}" for key, value in overrides.items())
-    return _sanitize(text) if text else "default"
-
-
-def run_names(sweep: Sequence[Mapping[str, object]]) -> list[str]:
-    """Unique directory names: short ones (`lr0.5-layers2`) unless two would collide.
-
-    Falls back to full `key=value,...` names for the whole sweep, and adds `-1`, `-2`, ... to
-    repeats of identical overrides.
-    """
-    names = [_short_name(overrides) for overrides in sweep]
-    if len(set(names)) < len(names):
-        names = [_long_name(overrides) for overrides in sweep]
-    seen: dict[str, int] = {}
-    unique = []
-    for name in names:
-        count = seen.get(name, 0)
-        seen[name] = count + 1
-        unique.append(f"{name}-{count}" if count else name)
-    return unique
-
-
-def build_command(spec: str, workdir: pathlib.Path, overrides: Sequence[str]) -> list[str]:
-    """`python -m experiments.train --config=SPEC --workdir=DIR --config.a.b=v ...` as argv."""
-    return [
-        "python",
-        "-m",
-        TRAIN_MODULE,
-        f"--config={spec}",
-        f"--workdir={workdir}",
-        *(config_utils.override_flag(override) for override in overrides),
-    ]
-
-
-def expand(
-    spec: str, sweep_name: str, common_overrides: Sequence[str], root: str | pathlib.Path
-) -> list[Run]:
-    """The runs of sweep `sweep_name` of the config file in `spec`.
-
-    Args:
-        spec: config spec `path/to/file.py[:preset]`, passed on to every run.
-        sweep_name: name given to the file's `get_sweep`.
-        common_overrides: `"a.b=value"` overrides for every run, applied before the run's own.
-        root: the sweep's runs go to `root/sweep_name/<run name>`.
-
-    Returns:
-        One `Run` per override dict, in the sweep's order.
-
-    Raises:
-        ValueError: for an unknown sweep, or an override the config rejects (checked for every
-            run before returning, so a typo fails before the first run starts).
-    """
-    sweep = config_utils.get_sweep(spec, sweep_name)
-    directory = pathlib.Path(root) / sweep_name
-    runs = []
-    for name, overrides in zip(run_names(sweep), sweep, strict=True):
-        config = config_utils.load_config(spec, common_overrides)
-        config_utils.apply_updates(config, overrides)  # the values themselves, not their text
-        own = [f"{key}={format_value(value)}" for key, value in overrides.items()]
-        workdir = directory / name
-        command = build_command(spec, workdir, [*common_overrides, *own])
-        runs.append(Run(name, workdir, dict(overrides), command, config))
-    return runs
 
 
 def _local_command(command: Sequence[str]) -> list[str]:

@@ -33,7 +33,7 @@ def format_value(value: object) -> str:
 
 
 def summary_row(run: Any, status: str, seconds: float | None = None) -> dict[str, object]:
-    """A summary row of `run` (an `experiments.sweep.Run`): run name, status, overrides, wall
+    """A summary row of `run` (an `experiments.sweep_runs.Run`): run name, status, overrides, wall
     time, latest eval and train metrics.
 
     Metric columns are `eval/<name>` (latest "eval" or "final_eval" record, whichever comes

@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from experiments import cli, plot, sweep, sweep_summary
+from experiments import cli, plot, sweep_runs, sweep_summary
 from tfjax import errors
 from tfjax.training import logger
 
@@ -20,9 +20,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 KEY = "optim.learning_rate"
 
 
-def _write_run(directory: pathlib.Path, lr: float, losses: list[float]) -> sweep.Run:
+def _write_run(directory: pathlib.Path, lr: float, losses: list[float]) -> sweep_runs.Run:
     """A run whose train loss follows `losses` (steps 1, 2, ...), evaluated every 2 steps."""
-    run = sweep.Run(f"lr{lr}", directory / f"lr{lr}", {KEY: lr}, ["python"])
+    run = sweep_runs.Run(f"lr{lr}", directory / f"lr{lr}", {KEY: lr}, ["python"])
     with logger.MetricWriter(run.workdir) as writer:
         for step, loss in enumerate(losses, start=1):
             writer.write(step, "train", {"loss": loss, "learning_rate": lr})
@@ -277,7 +277,7 @@ def test_a_seed_axis_draws_error_bars_and_no_panel_of_its_own(tmp_path, monkeypa
             name = f"lr{lr}-seed{seed}"
             with logger.MetricWriter(directory / name) as writer:
                 writer.write(2, "final_eval", {"loss": 1.0 + lr + seed})
-            run = sweep.Run(name, directory / name, {KEY: lr, "seed": seed}, ["python"])
+            run = sweep_runs.Run(name, directory / name, {KEY: lr, "seed": seed}, ["python"])
             rows.append(sweep_summary.summary_row(run, "ok", 1.0))
     sweep_summary.write_summary(rows, directory)
     bars = []

@@ -221,9 +221,9 @@ def _every_sweep() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize(("spec", "sweep_name"), _every_sweep())
 def test_every_shipped_sweep_expands_to_runs_that_pass_the_run_check(spec, sweep_name, tmp_path):
-    from experiments import sweep
+    from experiments import sweep_runs
 
-    runs = sweep.expand(spec, sweep_name, [], tmp_path)
+    runs = sweep_runs.expand(spec, sweep_name, [], tmp_path)
     assert runs and len({run.name for run in runs}) == len(runs)
     for run in runs:
         validation.check_config(run.config)
@@ -233,9 +233,9 @@ def test_every_shipped_sweep_expands_to_runs_that_pass_the_run_check(spec, sweep
 
 
 def test_multi30k_ablation_sweeps_have_three_seeds_per_cell(tmp_path):
-    from experiments import sweep
+    from experiments import sweep_runs
 
-    runs = sweep.expand("configs/multi30k.py:small", "norm_warmup", [], tmp_path)
+    runs = sweep_runs.expand("configs/multi30k.py:small", "norm_warmup", [], tmp_path)
     cells = {}
     for run in runs:
         cell = (run.config.model.norm_position, run.config.optim.schedule)

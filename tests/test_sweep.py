@@ -1,4 +1,5 @@
-"""Tests for experiments/sweep.py: run expansion, printed commands, the run loop, summaries.
+"""Tests for experiments/sweep.py and sweep_runs.py: run expansion, printed commands, the run
+loop, summaries.
 
 `experiments.train` is never started here: the run loop runs a fake command instead.
 """
@@ -13,7 +14,7 @@ import textwrap
 
 import pytest
 
-from experiments import sweep, sweep_summary
+from experiments import sweep, sweep_runs, sweep_summary
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -54,12 +55,12 @@ def spec(tmp_path) -> str:
 
 
 def test_a_run_command_spells_bare_and_negated_overrides_as_flags():
-    command = sweep.build_command("c.py", pathlib.Path("w"), ["a.b=1", "c", "!d.e"])
+    command = sweep_runs.build_command("c.py", pathlib.Path("w"), ["a.b=1", "c", "!d.e"])
     assert command[-3:] == ["--config.a.b=1", "--config.c", "--noconfig.d.e"]
 
 
 def test_expand_names_workdirs_and_commands(spec, tmp_path):
-    runs = sweep.expand(spec, "grid", ["optim.warmup_steps=10"], tmp_path / "root")
+    runs = sweep_runs.expand(spec, "grid", ["optim.warmup_steps=10"], tmp_path / "root")
     assert [run.name for run in runs] == [
         "lr0.5-layers1",
         "lr0.5-layers2",
@@ -82,11 +83,11 @@ def test_expand_names_workdirs_and_commands(spec, tmp_path):
 
 
 def test_expand_falls_back_to_unique_long_names(spec, tmp_path):
-    assert [run.name for run in sweep.expand(spec, "clash", [], tmp_path)] == [
+    assert [run.name for run in sweep_runs.expand(spec, "clash", [], tmp_path)] == [
         "model.dims=1,2",
         "data.dims=1,2",
     ]
-    assert [run.name for run in sweep.expand(spec, "repeat", [], tmp_path)] == [
+    assert [run.name for run in sweep_runs.expand(spec, "repeat", [], tmp_path)] == [
         "default",
         "default-1",
     ]
@@ -94,11 +95,11 @@ def test_expand_falls_back_to_unique_long_names(spec, tmp_path):
 
 def test_expand_rejects_bad_keys_before_running(spec, tmp_path):
     with pytest.raises(ValueError, match=r"did you mean 'optim\.learning_rate'"):
-        sweep.expand(spec, "bad", [], tmp_path)
+        sweep_runs.expand(spec, "bad", [], tmp_path)
     with pytest.raises(ValueError, match=r"unknown config key 'optim\.nope'"):
-        sweep.expand(spec, "lr", ["optim.nope=1"], tmp_path)
+        sweep_runs.expand(spec, "lr", ["optim.nope=1"], tmp_path)
     with pytest.raises(ValueError, match="unknown sweep 'missing'"):
-        sweep.expand(spec, "missing", [], tmp_path)
+        sweep_runs.expand(spec, "missing", [], tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -168,7 +169,7 @@ def _write_metrics(workdir: pathlib.Path, records: list[dict]) -> None:
 
 
 def test_summary_rows_use_latest_eval_and_train(spec, tmp_path):
-    run = sweep.expand(spec, "lr", [], tmp_path)[0]
+    run = sweep_runs.expand(spec, "lr", [], tmp_path)[0]
     _write_metrics(
         run.workdir,
         [
@@ -278,8 +279,8 @@ def test_run_all_continues_past_failures(spec, tmp_path, monkeypatch, capsys):
     def fake_command(spec, workdir, overrides):
         return [sys.executable, "-c", FAKE_TRAIN, str(workdir), *overrides]
 
-    monkeypatch.setattr(sweep, "build_command", fake_command)
-    runs = sweep.expand(spec, "lr", [], tmp_path)
+    monkeypatch.setattr(sweep_runs, "build_command", fake_command)
+    runs = sweep_runs.expand(spec, "lr", [], tmp_path)
     rows = sweep.run_all(runs, tmp_path / "lr")
     assert [(row["run"], row["status"]) for row in rows] == [
         ("lr0.5", "ok"),
@@ -309,9 +310,9 @@ def test_a_sigterm_while_the_run_starts_reaches_the_run(spec, tmp_path, monkeypa
             super().__init__(*args, **kwargs)
             stop._handle(signal.SIGTERM, None)  # stop.child is not this process yet
 
-    monkeypatch.setattr(sweep, "build_command", fake_command)
+    monkeypatch.setattr(sweep_runs, "build_command", fake_command)
     monkeypatch.setattr(subprocess, "Popen", SignalledWhileStarting)
-    rows = sweep.run_all(sweep.expand(spec, "lr", [], tmp_path), tmp_path / "lr", stop)
+    rows = sweep.run_all(sweep_runs.expand(spec, "lr", [], tmp_path), tmp_path / "lr", stop)
     assert [(row["run"], row["status"]) for row in rows] == [
         ("lr0.5", f"preempted (exit {-signal.SIGTERM})"),
         ("lr2.0", "preempted (not started)"),
@@ -322,10 +323,10 @@ def test_a_sigterm_while_the_run_starts_reaches_the_run(spec, tmp_path, monkeypa
 # Runs a sweep in which FAKE_TRAIN (argv[1]) replaces experiments.train; argv[2:] are its flags.
 SWEEP_WITH_FAKE_TRAIN = textwrap.dedent("""
     import sys
-    from experiments import cli, sweep
+    from experiments import cli, sweep, sweep_runs
     def fake_command(spec, workdir, overrides):
         return [sys.executable, "-c", sys.argv[1], str(workdir), *overrides]
-    sweep.build_command = fake_command
+    sweep_runs.build_command = fake_command
     sweep._define_flags()
     cli.main(sweep.main, config_overrides=True, argv=["sweep", *sys.argv[2:]])
 """)

@@ -386,10 +386,11 @@ def test_run_vectorized_trains_groups_in_turn_and_keeps_the_sweep_order(
     tmp_path, monkeypatch, capsys
 ):
     from experiments import sweep as sweep_cli
+    from experiments import sweep_runs
 
     sweep = [{"model.num_layers": 1}, {"model.num_layers": 2}, {"model.num_layers": 1, "seed": 3}]
     runs = [
-        sweep_cli.Run(
+        sweep_runs.Run(
             name,
             tmp_path / name,
             overrides,
@@ -710,10 +711,11 @@ def test_a_resumed_group_drops_the_records_it_logs_again(tmp_path):
 
 def test_a_preempted_group_stops_the_sweep_and_a_busy_root_writes_nothing(tmp_path, monkeypatch):
     from experiments import sweep as sweep_cli
+    from experiments import sweep_runs
 
     sweep = [{"model.num_layers": 1}, {"model.num_layers": 2}, {"model.num_layers": 1, "seed": 3}]
     runs = [
-        sweep_cli.Run(
+        sweep_runs.Run(
             name,
             tmp_path / "lr" / name,
             overrides,
