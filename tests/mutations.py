@@ -132,7 +132,7 @@ MUTATIONS = [
     ),
     M(
         "vsweep-trial0-learning-rate",
-        "tfjax/runs/vsweep.py",
+        "tfjax/runs/vsweep_build.py",
         "        hyper = [optim.traced_hyper(c, self.structure) for c in optim_configs]\n",
         "        hyper = [optim.traced_hyper(c, self.structure) for c in optim_configs]\n"
         "        for values in hyper:\n"
@@ -1243,7 +1243,7 @@ MUTATIONS = [
     # --- The workdir's tokenizer, and checkpoints that do not fit ----------------------------
     M(
         "tokenizer-digest-not-checked",
-        "tfjax/runs/build.py",
+        "tfjax/runs/run_data.py",
         "provenance.recorded_sha256(workdir, config.data.tokenizer) if trained else None",
         "None",
         "tests/test_bad_input.py::test_another_tokenizer_is_refused_naming_both_digests",
@@ -1257,7 +1257,7 @@ MUTATIONS = [
     ),
     M(
         "tokenizer-checked-by-process-0-only",
-        "tfjax/runs/build.py",
+        "tfjax/runs/run_data.py",
         "    if jax.process_count() > 1:  # read only:",
         "    if False:  # read only:",
         "tests/test_bad_input.py::test_every_process_refuses_a_missing_tokenizer_before_waiting",

@@ -36,7 +36,7 @@ from tiny_runs import REVERSE
 from experiments import cli, config_utils, convert, evaluate, generate, translate
 from tfjax import errors
 from tfjax.parallel import distributed
-from tfjax.runs import build, lock, loop, provenance, restoration, trainer, workdir_format
+from tfjax.runs import build, lock, loop, provenance, restoration, run_data, trainer, workdir_format
 from tfjax.runs import trained as trained_lib
 from tfjax.training import checkpointing
 from tfjax.training.checkpointing import checksums, restoring
@@ -562,7 +562,7 @@ def test_every_process_refuses_a_missing_tokenizer_before_waiting(trained, tmp_p
     for index in (0, 1):
         monkeypatch.setattr(jax, "process_index", lambda index=index: index)
         with pytest.raises(errors.DataError, match=r"tokenizer\.json is missing, but the checkpo"):
-            build.load_examples(config, path)
+            run_data.load_examples(config, path)
     assert barriers == [] and not (path / "tokenizer.json").exists()
 
 

@@ -15,7 +15,7 @@ import pytest
 from experiments import config_utils
 from tfjax import errors
 from tfjax.data import pipeline
-from tfjax.runs import pbt, restoration, vsweep, vsweep_state
+from tfjax.runs import pbt, restoration, vsweep, vsweep_build, vsweep_state
 from tfjax.training import logger, population, vectorized
 
 COMMON = [
@@ -169,13 +169,13 @@ def test_bad_pbt_settings_and_pbt_with_halving_are_one_line_errors():
 def _compiled_steps(monkeypatch):
     """The vectorised steps the sweeps compile (their jit caches: one entry each)."""
     steps = []
-    original = vsweep._Group._compile
+    original = vsweep_build.Group._compile
 
     def keep(self):
         steps.append(original(self))
         return steps[-1]
 
-    monkeypatch.setattr(vsweep._Group, "_compile", keep)
+    monkeypatch.setattr(vsweep_build.Group, "_compile", keep)
     return steps
 
 

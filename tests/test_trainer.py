@@ -19,7 +19,7 @@ from tiny_runs import REVERSE
 from experiments import config_utils
 from tfjax import errors, models
 from tfjax.data import pipeline
-from tfjax.runs import build, evaluator, lock, restoration, trainer, workdir_format
+from tfjax.runs import build, evaluator, lock, restoration, run_data, trainer, workdir_format
 from tfjax.training import checkpointing, logger, optim
 from tfjax.training import steps as train_steps
 
@@ -197,7 +197,7 @@ def test_the_logged_learning_rate_advances_once_per_accumulated_update():
     model = models.create_model(model_config)
     optimizer, schedule = build.make_optimizer(config, model_config)
     step = jax.jit(build.make_train_step(config, model, optimizer, schedule))
-    batch = {key: np.ones_like(x) for key, x in build.sample_batch(config).items()}
+    batch = {key: np.ones_like(x) for key, x in run_data.sample_batch(config).items()}
     state = jax.jit(
         lambda: train_steps.create_train_state(
             model, optimizer, jax.random.key(0), batch, model_config.kind
@@ -253,12 +253,12 @@ def test_a_config_json_from_before_new_options_is_refused_in_one_line(tmp_path):
 def test_a_config_json_of_another_format_is_written_over_only_without_checkpoints(tmp_path, caplog):
     tree = workdir_format.config_dict(_config("configs/base.py:tiny"))
     test_workdir_format.write_older(tmp_path / "config.json", tree)
-    with caplog.at_level(logging.WARNING, logger="tfjax.runs.trainer"):
-        trainer._check_config_json(tmp_path)  # nothing depends on it: a warning
+    with caplog.at_level(logging.WARNING, logger="tfjax.runs.workdir_format"):
+        workdir_format.check_config_json(tmp_path)  # nothing depends on it: a warning
     assert "is of another workdir format and no checkpoint needs it" in caplog.text
     (tmp_path / "checkpoints" / "2").mkdir(parents=True)
     with pytest.raises(errors.WorkdirError, match=r"written by tfjax 0\.2\.0 or earlier"):
-        trainer._check_config_json(tmp_path)
+        workdir_format.check_config_json(tmp_path)
 
 
 def test_the_final_eval_scores_final_eval_examples(tmp_path, monkeypatch):

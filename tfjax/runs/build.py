@@ -1,13 +1,13 @@
 """A run built from its config: `build(config, workdir)` gives the `Run` the training loop uses.
 
 The config is checked before (`tfjax.runs.validation`); config.json and the checkpoints'
-format are `tfjax.runs.workdir_format`'s, restoring `tfjax.runs.restoration`'s. The pieces that
-need no data (`sample_batch`, the `make_*` functions, `abstract_train_state`) also serve
-ahead-of-time planning (`tfjax.runs.plan`), so it plans what training runs.
+format are `tfjax.runs.workdir_format`'s, restoring `tfjax.runs.restoration`'s, the examples
+and the data-free sample batch `tfjax.runs.run_data`'s. The pieces that need no data (the
+`make_*` functions, `abstract_train_state`) also serve ahead-of-time planning
+(`tfjax.runs.plan`), so it plans what training runs.
 """
 
 import dataclasses
-import functools
 import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,16 +15,15 @@ from typing import Any
 import flax.linen as nn
 import jax
 import ml_collections
-import numpy as np
 import optax
 from jaxtyping import Array, Int
 
 from tfjax import models
-from tfjax.data import datasets, pipeline, tokenizers, workdir_tokenizer
+from tfjax.data import datasets, pipeline, tokenizers
 from tfjax.inference import decoding
 from tfjax.models import kinds, partitioning
-from tfjax.parallel import distributed, strategies
-from tfjax.runs import provenance, workdir_format
+from tfjax.parallel import strategies
+from tfjax.runs import run_data
 from tfjax.training import mlm, mup, optim, steps
 
 # The model's parameters: a nested dict of arrays (or `jax.ShapeDtypeStruct`s).
@@ -73,48 +72,17 @@ def optim_config(config: ml_collections.ConfigDict) -> optim.OptimConfig:
     return optim.OptimConfig(**fields)
 
 
-def load_examples(
-    config: ml_collections.ConfigDict, workdir: pathlib.Path, trained: bool | None = None
-) -> datasets.Examples:
-    """The run's examples; the tokenizer is built and saved by process 0 alone, the others
-    then read it (a shared workdir) or build the same one (a workdir on each host's disk).
-
-    Once checkpoints were trained with it (`trained`; default: whether `workdir` holds any),
-    the tokenizer must be there, is never built again and must have the SHA-256 config.json
-    records (`provenance`): every process checks that before process 0 writes anything.
-    """
-    trained = bool(workdir_format.saved_steps(workdir)) if trained is None else trained
-    expected = provenance.recorded_sha256(workdir, config.data.tokenizer) if trained else None
-    load = functools.partial(
-        datasets.load,
-        datasets.DataConfig(**config.data),
-        kinds.get(config.model.kind),
-        seed=config.seed,
-        workdir=workdir,
-        encoder_head=config.model.encoder_head,
-        trained=trained,
-        tokenizer_sha256=expected,
-    )
-    if jax.process_count() > 1:  # read only: process 0 writes a new tokenizer after the barrier
-        workdir_tokenizer.load(
-            config.data.tokenizer, workdir, trained=trained, expected_sha256=expected
-        )
-        distributed.barrier("tfjax_tokenizer_checked")
-    chief = jax.process_index() == 0
-    examples = load() if chief else None
-    distributed.barrier("tfjax_tokenizer_saved")
-    return examples if chief else load(save_tokenizer=False)
-
-
 def build(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Run:
     """The run of `config`; with the tokenizer saved in `workdir` no data is read here (the
     examples' splits are read when first used, `datasets.Examples.deferred`)."""
-    examples = load_examples(config, workdir)
+    examples = run_data.load_examples(config, workdir)
     model_config = make_model_config(config, examples.tokenizer.vocab_size)
     model = models.create_model(model_config)
     optimizer, schedule = make_optimizer(config, model_config)
     strategy = make_strategy(config)
-    abstract_state = abstract_train_state(model, optimizer, sample_batch(config), model_config.kind)
+    abstract_state = abstract_train_state(
+        model, optimizer, run_data.sample_batch(config), model_config.kind
+    )
     masking = make_masking(config, examples.tokenizer)
     eos_id = examples.tokenizer.eos_id
     train_step = make_train_step(config, model, optimizer, schedule, masking, eos_id)
@@ -151,17 +119,6 @@ def train_iterator(run: Run) -> pipeline.BatchIterator:
         seed=run.config.seed,
     )
     return pipeline.BatchIterator(dataset)
-
-
-def sample_batch(config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
-    """A batch of one training row, int32 zeros [1, ...] on the host, of the shapes
-    `datasets.train_row_shapes` gives: what the abstract train state needs, no data read."""
-    rows = datasets.train_row_shapes(
-        datasets.DataConfig(**config.data),
-        kinds.get(config.model.kind),
-        config.model.encoder_head,
-    )
-    return {key: np.zeros((1, *shape), np.int32) for key, shape in rows.items()}
 
 
 def make_model_config(

@@ -15,7 +15,7 @@ import jax
 import ml_collections
 
 from tfjax import errors, models
-from tfjax.runs import build, provenance, workdir_format
+from tfjax.runs import build, provenance, run_data, workdir_format
 from tfjax.training import checkpointing
 
 
@@ -111,7 +111,7 @@ def _state_shapes(tree: dict, vocab_size: int) -> dict[str, tuple[int, ...]] | N
         model_config = build.make_model_config(config, vocab_size)
         optimizer, _ = build.make_optimizer(config, model_config)
         model = models.create_model(model_config)
-        sample = build.sample_batch(config)
+        sample = run_data.sample_batch(config)
         state = build.abstract_train_state(model, optimizer, sample, model_config.kind)
     except Exception:  # an invalid combination of settings: other arrays than `tree`'s
         return None

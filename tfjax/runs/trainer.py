@@ -57,16 +57,6 @@ from tfjax.training import checkpointing, logger, mlm, profiling, steps, storage
 log = logging.getLogger(__name__)
 
 
-def _check_settings(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
-    """Refuses a run whose model or data settings differ from those of the workdir's newest
-    checkpoint (the copy of its config each keeps), or checkpoints of another workdir format,
-    before anything is built: a changed `data.tokenizer` is then named as such, not as a
-    missing or damaged tokenizer."""
-    saved = workdir_format.newest_checkpoint_config(workdir / "checkpoints")
-    if saved is not None:
-        workdir_format.check_resumable(saved, workdir_format.config_dict(config))
-
-
 def _initial_state(run: build.Run, checkpointer, iterator, workdir: pathlib.Path):
     """(state, dropout rng, start step): restored from the workdir, or freshly initialised."""
     init_rng, dropout_rng = jax.random.split(jax.random.key(run.config.seed))
@@ -296,27 +286,6 @@ def _nothing_saved(workdir: pathlib.Path) -> str:
     )
 
 
-def _check_config_json(workdir: pathlib.Path) -> None:
-    """Refuses to write over a damaged config.json, or one of another workdir format, that
-    checkpoints depend on (the message says what to do); warns before writing over one that
-    none do."""
-    path = workdir / "config.json"
-    if not path.is_file():
-        return
-    try:
-        workdir_format.load_config_json(path)
-    except (errors.ConfigError, errors.WorkdirError) as err:
-        other_format = isinstance(err, errors.WorkdirError)
-        if workdir_format.saved_steps(workdir):
-            if other_format:
-                raise  # its own one line: the version that wrote it, what to do
-            raise errors.WorkdirError(
-                f"not resuming {workdir}, which holds checkpoints: {err}; then rerun"
-            ) from err
-        what = "is of another workdir format" if other_format else "is damaged"
-        log.warning("%s %s and no checkpoint needs it: this run writes over it", path, what)
-
-
 def make_workdir(workdir: pathlib.Path) -> pathlib.Path:
     """Creates `workdir`, or says in one line why it cannot be one (a file, a read-only mount:
     an existing workdir is probed with a file write before anything is restored)."""
@@ -340,8 +309,8 @@ def make_workdir(workdir: pathlib.Path) -> pathlib.Path:
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path, preemption):
     chief = jax.process_index() == 0
-    _check_config_json(workdir)
-    _check_settings(config, workdir)  # before the tokenizer is read for them
+    workdir_format.check_config_json(workdir)
+    workdir_format.check_checkpoint_settings(config, workdir)  # before the tokenizer is read
     if config.train.init_from and chief:  # the tokenizer of a pretrained model, before `build`
         pretrained.prepare_workdir(config, workdir)
     run = build.build(config, workdir)

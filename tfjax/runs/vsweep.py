@@ -19,7 +19,8 @@ worse half of the live trials (by eval loss) at each of those steps (successive 
 a `judge` (`train_trials`) those its pruner picks at each evaluation (`tfjax.runs.search`);
 `sweep.pbt` trains the trials by population-based training instead (`tfjax.runs.pbt`).
 
-The group trains through the loop of a run alone (`tfjax.runs.loop`: the same order of
+The group is built by `tfjax.runs.vsweep_build` (what `tfjax.runs.build` is to a run alone)
+and trains through the loop of a run alone (`tfjax.runs.loop`: the same order of
 stepping, logging, evaluating and saving, the same SIGTERM handling); what a group does
 differently is in its hooks, `_GroupHooks`: the batches of each seed, the vectorised step,
 the records of each live trial, freezing, halving (its `adjust`) and the group checkpoint. A
@@ -36,11 +37,10 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from tfjax import errors, models
+from tfjax import errors
 from tfjax.data import pipeline
 from tfjax.runs import (
     build,
@@ -50,10 +50,11 @@ from tfjax.runs import (
     pbt,
     trainer,
     validation,
+    vsweep_build,
     vsweep_state,
     workdir_format,
 )
-from tfjax.training import checkpointing, logger, optim, steps, vectorized
+from tfjax.training import checkpointing, logger, optim, vectorized
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ def train_trials(
             preemption = stack.enter_context(loop.Preemption(early=True))
             for path in (directory, *(trial.workdir for trial in trials)):
                 stack.enter_context(lock.held(path))
-            return _Group(trials, directory, judge).train(preemption)
+            return _train_group(vsweep_build.Group(trials, directory, judge), preemption)
     except loop.Terminated:
         log.warning(
             "stopped by SIGTERM before the first step: nothing new was saved; rerun the same "
@@ -203,122 +204,24 @@ def train_trials(
         return [Outcome(f"{PREEMPTED} before its first step", {}) for _ in trials]
 
 
-class _Group:
-    """The trials' shared model, data and compiled step; `train` runs them through the loop."""
-
-    def __init__(self, trials: Sequence[Trial], directory: pathlib.Path, judge: Judge | None):
-        self.trials, self.directory, self.judge = list(trials), directory, judge
-        self.config = trials[0].config
-        vsweep_state.check_trial_names(directory, self.trials)
-        self.examples = vsweep_state.load_examples(
-            self.trials, bool(workdir_format.saved_steps(directory))
+def _train_group(group: vsweep_build.Group, preemption: loop.Preemption) -> list[Outcome]:
+    """Restores or starts `group`, trains it to the end or a SIGTERM (`preemption`
+    saves and stops the loop, as for a run alone), evaluates each trial."""
+    with checkpointing.Checkpointer(
+        group.directory / "checkpoints", max_to_keep=group.config.train.keep_checkpoints
+    ) as checkpointer:
+        hooks = _GroupHooks(group, checkpointer)
+        state, start = hooks.restore()
+        state, step = loop.Loop(hooks, group.config.train, checkpointer).run(
+            state, start, preemption
         )
-        vocab = self.examples[self.config.seed].tokenizer.vocab_size
-        self.model_config = build.make_model_config(self.config, vocab)
-        self.model = models.create_model(self.model_config)
-        optim_configs = [build.optim_config(trial.config) for trial in trials]  # checked
-        self.structure = optim.traced_structure(optim_configs)
-        hyper = [optim.traced_hyper(c, self.structure) for c in optim_configs]
-        smoothing = [trial.config.train.label_smoothing for trial in trials]
-        self.label_smoothing = smoothing[0] if len(set(smoothing)) == 1 else None  # None: traced
-        rates = [
-            (trial.config.model.dropout_rate, trial.config.model.attention_dropout_rate)
-            for trial in trials
-        ]
-        self.traced_dropout = None if len(set(rates)) == 1 else self.model_config
-        self.pbt = pbt.settings([trial.config for trial in trials])
-        explored = set(self.pbt.names) if self.pbt else set()
-        if "label_smoothing" in explored:  # PBT changes it per trial: traced
-            self.label_smoothing = None
-        if explored & {"dropout_rate", "attention_dropout_rate"}:
-            self.traced_dropout = self.model_config
-        for values, value, (rate, attention_rate) in zip(hyper, smoothing, rates, strict=True):
-            values["label_smoothing"] = jnp.float32(value)
-            values["dropout_rate"] = jnp.float32(rate)
-            values["attention_dropout_rate"] = jnp.float32(attention_rate)
-        self.hyper = vectorized.stack(hyper)  # {name: [T]}
-        self.seeds = [trial.config.seed for trial in trials]
-        self.shared_batch = len(set(self.seeds)) == 1
-        self._eval_steps: dict[float, object] = {}
-        self._greedy = build.make_greedy(self.model, self.config.data.max_target_len)  # shared
-        eos_id = self.examples[self.config.seed].tokenizer.eos_id
-        self.unscored_id = build.unscored_id(self.config, eos_id)  # a group shares predict_eos
-        self.runs = [self._trial_run(trial) for trial in trials]
-        self.placement = vsweep_state.Placement.create(
-            len(trials), self.config.train.global_batch_size, shared_batch=self.shared_batch
-        )
-        self.step_fn = self._compile()
-
-    def _trial_run(self, trial: Trial) -> build.Evaluable:
-        """What `evaluator.evaluate` needs of one trial (its data and label smoothing); the
-        trials share the compiled greedy decoder and one eval step per smoothing value."""
-        smoothing = trial.config.train.label_smoothing
-        if smoothing not in self._eval_steps:
-            self._eval_steps[smoothing] = jax.jit(
-                steps.make_eval_step(
-                    self.model,
-                    kind=self.model_config.kind,
-                    label_smoothing=smoothing,
-                    unscored_id=self.unscored_id,
-                )
-            )
-        return build.Evaluable(
-            config=trial.config,
-            model_config=self.model_config,
-            model=self.model,
-            examples=self.examples[trial.config.seed],
-            eval_step=self._eval_steps[smoothing],
-            greedy=self._greedy,
-        )
-
-    def _compile(self):
-        step = vectorized.make_vectorized_train_step(
-            self.model,
-            self.structure,
-            d_model=self.model_config.embed_dim,
-            kind=self.model_config.kind,
-            label_smoothing=self.label_smoothing,
-            shared_batch=self.shared_batch,
-            traced_dropout=self.traced_dropout,
-            unscored_id=self.unscored_id,
-        )
-        return self.placement.jit(step)
-
-    def initial(self, checkpointer):
-        """(SweepState, dropout keys [T], start step, data_state) restored, or fresh (data_state
-        None). Each trial's keys are those of a run alone with its seed."""
-        keys = [jax.random.split(jax.random.key(seed)) for seed in self.seeds]
-        init_rngs = jnp.stack([k[0] for k in keys])  # [T] keys
-        dropout_rngs = jnp.stack([k[1] for k in keys])
-        abstract, init = vsweep_state.abstract_state(self.runs[0], self.structure, len(self.trials))
-        restored = vsweep_state.restore(checkpointer, self.placement.place_abstract(abstract), self)
-        if restored is not None:
-            log.info("resumed the sweep from %s at step %d", checkpointer.directory, restored.step)
-            return restored.state, restored.rng, restored.step, restored.data_state
-        state = vectorized.SweepState(
-            train=jax.jit(init)(init_rngs), live=jnp.ones(len(self.trials), bool)
-        )
-        return self.placement.put_state(state), dropout_rngs, 0, None
-
-    def train(self, preemption: loop.Preemption) -> list[Outcome]:
-        """Restores or starts the group, trains it to the end or a SIGTERM (`preemption`
-        saves and stops the loop, as for a run alone), evaluates each trial."""
-        with checkpointing.Checkpointer(
-            self.directory / "checkpoints", max_to_keep=self.config.train.keep_checkpoints
-        ) as checkpointer:
-            hooks = _GroupHooks(self, checkpointer)
-            state, start = hooks.restore()
-            state, step = loop.Loop(hooks, self.config.train, checkpointer).run(
-                state, start, preemption
-            )
-            if preemption.requested:
-                for writer in hooks.writers:
-                    writer.close()
-                return [
-                    Outcome(f"{PREEMPTED} at step {step}" if s == "ok" else s, {})
-                    for s in hooks.status
-                ]
-        return hooks.finish(state, step)
+        if preemption.requested:
+            for writer in hooks.writers:
+                writer.close()
+            return [
+                Outcome(f"{PREEMPTED} at step {step}" if s == "ok" else s, {}) for s in hooks.status
+            ]
+    return hooks.finish(state, step)
 
 
 class _GroupHooks:
@@ -327,7 +230,7 @@ class _GroupHooks:
     trial's evaluation, trials frozen when their loss goes non-finite, successive halving
     (`adjust`) and the group checkpoint."""
 
-    def __init__(self, group: _Group, checkpointer: checkpointing.Checkpointer):
+    def __init__(self, group: vsweep_build.Group, checkpointer: checkpointing.Checkpointer):
         self.group, self.checkpointer = group, checkpointer
         tcfg = group.config.train
         self.tcfg = tcfg
@@ -371,7 +274,7 @@ class _GroupHooks:
         loop.drop_replayed(self.writers, start)
 
     def place(self, state):
-        return state  # `_Group.initial` placed it
+        return state  # `Group.initial` placed it
 
     def batch(self):
         batches = {seed: next(it) for seed, it in self.iterators.items()}

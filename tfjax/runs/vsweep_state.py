@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tfjax import errors
 from tfjax.data import datasets
 from tfjax.nn import losses
-from tfjax.runs import build, evaluator, workdir_format
+from tfjax.runs import build, evaluator, run_data, workdir_format
 from tfjax.training import checkpointing, mup, optim, steps, vectorized
 
 CHECKPOINTS = "checkpoints"
@@ -33,7 +33,7 @@ def load_examples(trials: Sequence[Any], trained: bool) -> dict[int, datasets.Ex
     """The examples of each distinct seed; every trial's workdir gets the tokenizer.
 
     `trained`: the group has checkpoints (in its own directory, not the trials' workdirs),
-    so each seed's tokenizer must be there and match its record (`build.load_examples`).
+    so each seed's tokenizer must be there and match its record (`run_data.load_examples`).
 
     Raises:
         tfjax.errors.ConfigError: if two seeds give tokenizers of different sizes (the
@@ -44,7 +44,7 @@ def load_examples(trials: Sequence[Any], trained: bool) -> dict[int, datasets.Ex
         seed = trial.config.seed
         if seed not in examples:
             # Read now (a resumed sweep's are deferred): data errors before anything is written.
-            examples[seed] = build.load_examples(trial.config, trial.workdir, trained).read()
+            examples[seed] = run_data.load_examples(trial.config, trial.workdir, trained).read()
             first[seed] = trial.workdir
         else:
             _copy_tokenizer(first[seed], trial.workdir)

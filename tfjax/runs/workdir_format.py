@@ -12,10 +12,13 @@ migration: a checkpoint saved with the other `model.scan_layers` layout restores
 run's (`layout_conversion`), so a run may be resumed or decoded with the layers stacked or not.
 
 `check_resumable` is the one check that a checkpoint's settings are those of the run that
-resumes it (a training run, a vectorised sweep's trials, `train.init_from`).
+resumes it (a training run, a vectorised sweep's trials, `train.init_from`);
+`check_checkpoint_settings` applies it to a workdir's newest checkpoint before a run is built,
+and `check_config_json` refuses to write over a config.json that checkpoints depend on.
 """
 
 import json
+import logging
 import os
 import pathlib
 from collections.abc import Collection
@@ -27,6 +30,8 @@ from tfjax import errors, models
 from tfjax.nn import stacking
 from tfjax.runs import provenance
 from tfjax.training import checkpointing
+
+log = logging.getLogger(__name__)
 
 # The record of the workdir format: {"version": FORMAT_VERSION, "tfjax": the version that
 # wrote it}. Bump FORMAT_VERSION when config.json or the checkpoints change in a way an older
@@ -158,6 +163,37 @@ def check_resumable(
     """
     for section in sections:
         checkpointing.check_compatible(saved, current, section=section, ignore=ignore)
+
+
+def check_config_json(workdir: pathlib.Path) -> None:
+    """Refuses to write over a damaged config.json, or one of another workdir format, that
+    checkpoints depend on (the message says what to do); warns before writing over one that
+    none do."""
+    path = workdir / "config.json"
+    if not path.is_file():
+        return
+    try:
+        load_config_json(path)
+    except (errors.ConfigError, errors.WorkdirError) as err:
+        other_format = isinstance(err, errors.WorkdirError)
+        if saved_steps(workdir):
+            if other_format:
+                raise  # its own one line: the version that wrote it, what to do
+            raise errors.WorkdirError(
+                f"not resuming {workdir}, which holds checkpoints: {err}; then rerun"
+            ) from err
+        what = "is of another workdir format" if other_format else "is damaged"
+        log.warning("%s %s and no checkpoint needs it: this run writes over it", path, what)
+
+
+def check_checkpoint_settings(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+    """Refuses a run whose model or data settings differ from those of the workdir's newest
+    checkpoint (the copy of its config each keeps), or checkpoints of another workdir format,
+    before anything is built: a changed `data.tokenizer` is then named as such, not as a
+    missing or damaged tokenizer."""
+    saved = newest_checkpoint_config(workdir / "checkpoints")
+    if saved is not None:
+        check_resumable(saved, config_dict(config))
 
 
 def layout_conversion(model_config: models.ModelConfig) -> checkpointing.ConvertFn:
