@@ -149,8 +149,8 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(
 ):
     real = optim.make_optimizer
 
-    def poisoned(config, d_model):
-        optimizer, schedule = real(config, d_model)
+    def poisoned(config, d_model, multipliers=None):
+        optimizer, schedule = real(config, d_model, multipliers)
 
         def update(updates, state, params=None):
             updates, inner = optimizer.update(updates, state[0], params)
