@@ -176,6 +176,30 @@ def test_a_second_process_asks_only_what_is_left(tmp_path):
     assert search.ask(second, spec) == []
 
 
+def test_a_host_that_loses_the_race_to_create_the_rdb_tables_retries(tmp_path, monkeypatch):
+    """Two hosts opening a new PostgreSQL study at once: one's `CREATE TYPE` fails as a
+    duplicate (seen in CI). Here the first two openings fail that way; the third opens the
+    study, and a failure on every attempt is raised, not hidden."""
+    import sqlalchemy.exc
+
+    real, failures = optuna.storages.RDBStorage.__init__, [2]
+
+    def racing(self, url, *args, **kwargs):
+        if failures[0]:
+            failures[0] -= 1
+            raise sqlalchemy.exc.IntegrityError("CREATE TYPE studydirection", {}, Exception("dup"))
+        real(self, url, *args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages.RDBStorage, "__init__", racing)
+    monkeypatch.setattr(search.time, "sleep", lambda seconds: None)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = search.open_study(search.Search(_spec(), "s", tmp_path, _make_config, storage=url))
+    assert study.study_name == "s" and failures == [0]
+    failures[0] = search.RDB_ATTEMPTS
+    with pytest.raises(sqlalchemy.exc.IntegrityError):
+        search.open_study(search.Search(_spec(), "s", tmp_path, _make_config, storage=url))
+
+
 def test_a_trial_from_a_race_beyond_the_study_is_told_surplus(tmp_path, monkeypatch):
     spec = _spec(trials=2, per_generation=2)
     study = search.open_study(search.Search(spec, "s", tmp_path, _make_config))

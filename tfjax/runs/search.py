@@ -82,7 +82,7 @@ def open_study(search: Search):
         backend = optuna.storages.journal.JournalFileBackend(str(search.directory / JOURNAL))
         storage = optuna.storages.JournalStorage(backend)
     elif search.storage.partition(":")[0].partition("+")[0] in RDB_SCHEMES:
-        storage = optuna.storages.RDBStorage(search.storage)
+        storage = _rdb_storage(optuna, search.storage)
     else:
         raise errors.ConfigError(
             f"--storage={search.storage}: give an RDB URL (sqlite:///PATH, postgresql://..., "
@@ -97,6 +97,26 @@ def open_study(search: Search):
     )
     study.sampler = search_space.make_sampler(search.spec, offset=len(study.get_trials()))
     return study
+
+
+# Hosts that start together race to create the RDB's tables (PostgreSQL: a duplicate
+# `CREATE TYPE`); the loser retries, and finds them made.
+RDB_ATTEMPTS = 5
+
+
+def _rdb_storage(optuna, url: str):
+    """Optuna's RDBStorage of `url`, retried while another process creates its schema."""
+    import sqlalchemy.exc  # optuna's dependency, imported with it
+
+    for attempt in range(1, RDB_ATTEMPTS + 1):
+        try:
+            return optuna.storages.RDBStorage(url)
+        except sqlalchemy.exc.DBAPIError as err:  # IntegrityError, ProgrammingError, ...
+            if attempt == RDB_ATTEMPTS:
+                raise
+            log.warning("opening %s (attempt %d): %s; retrying", url, attempt, type(err).__name__)
+            time.sleep(0.5 * attempt)
+    raise AssertionError("unreachable")
 
 
 def counted(study) -> list:
