@@ -1379,6 +1379,13 @@ MUTATIONS = [
         "tests/test_vsweep.py::test_a_judge_sees_each_live_trials_evaluation_and_stops_those_it_names",
     ),
     M(
+        "search-rdb-race-not-retried",
+        "tfjax/runs/search.py",
+        "        storage = _rdb_storage(optuna, search.storage)",
+        "        storage = optuna.storages.RDBStorage(search.storage)",
+        "tests/test_search.py::test_a_host_that_loses_the_race_to_create_the_rdb_tables_retries",
+    ),
+    M(
         "search-stale-trial-not-queued-again",
         "tfjax/runs/search.py",
         '        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})\n'
